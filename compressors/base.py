@@ -1,0 +1,268 @@
+"""The typed base of every compressor, and the pieces protocols share.
+
+A compressor is stateless configuration plus one method, `protocol`, a generator that
+runs ONE worker's side of a step: it encodes the (error-compensated) flat gradient,
+yields collective requests (compressors.requests), decodes the answers and returns an
+`Outcome`: the averaged update every worker applies, what this worker sent (so error
+feedback can keep the rest), and the counts metrics need. Per-tensor state that must
+persist across steps (PowerSGD's Q, SIDCo's stage count) lives in `ctx.state`, owned by
+the worker's Session, so one compressor object serves any number of workers.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import inspect
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from compressors.requests import AllGather, AllReduce, Request
+
+Protocol = Generator["Request | tuple[Request, ...]", Any, "Outcome"]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+class Pattern(str, enum.Enum):
+    """The communication a compressor needs; declared, so trainers never hard-code it."""
+
+    DENSE_ALLREDUCE = "dense-allreduce"
+    SPARSE_ALLGATHER = "sparse-allgather"
+    INDEX_ALLGATHER_VALUE_ALLREDUCE = "allgather-indices+allreduce-values"
+    LEADER_BROADCAST = "broadcast-from-leader"
+    INTEGER_SUM = "homomorphic-integer-sum"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One named tensor inside a flat gradient (a parameter inside a bucket)."""
+
+    name: str
+    offset: int
+    numel: int
+    shape: tuple[int, ...]
+
+
+@dataclass
+class Context:
+    """What a protocol knows about the step it runs in, for one worker."""
+
+    rank: int
+    world_size: int
+    step: int
+    name: str
+    state: dict[str, Any]
+    generator: torch.Generator
+    shared_seed: int
+    layout: tuple[Segment, ...] | None = None
+    # True when `acc` is a scratch buffer the protocol may overwrite (for example a DDP
+    # bucket buffer with no error feedback). Otherwise protocols must not modify it.
+    acc_writable: bool = False
+    # False lets protocols skip statistics that cost extra passes (union size, ...).
+    measure: bool = True
+
+    @property
+    def is_leader(self) -> bool:
+        """The cyclic leader of this step (CLT-k, DEFT, THC's preliminary rounds)."""
+        return self.rank == self.step % self.world_size
+
+    @property
+    def leader(self) -> int:
+        return self.step % self.world_size
+
+
+class Sent(abc.ABC):
+    """What one worker contributed, in its own coordinates; error feedback keeps the rest."""
+
+    @abc.abstractmethod
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        """buffer -= densified contribution, in place."""
+
+    @abc.abstractmethod
+    def dense(self, numel: int) -> torch.Tensor:
+        """The contribution as a dense flat tensor (tests and metrics)."""
+
+
+@dataclass
+class SparseSent(Sent):
+    indices: torch.Tensor
+    values: torch.Tensor
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        buffer.index_add_(0, self.indices, self.values.to(buffer.dtype), alpha=-1)
+
+    def dense(self, numel: int) -> torch.Tensor:
+        out = torch.zeros(numel, dtype=self.values.dtype, device=self.values.device)
+        out.index_add_(0, self.indices, self.values)
+        return out
+
+
+@dataclass
+class DenseSent(Sent):
+    tensor: torch.Tensor
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        buffer.sub_(self.tensor.to(buffer.dtype))
+
+    def dense(self, numel: int) -> torch.Tensor:
+        return self.tensor
+
+
+@dataclass
+class Outcome:
+    """Result of one worker's protocol for one tensor and step.
+
+    aggregate: the averaged update (flat, the input's dtype), identical on every worker.
+    sent: this worker's contribution in its own coordinates.
+    selected: k̂, elements this worker selected (sparsifiers), else None.
+    target: k, elements it was asked to select, else None.
+    union: distinct coordinates in the aggregate (actual density · d), when known.
+    bytes_sent / encode_s / decode_s: filled by the Session from the requests themselves.
+    """
+
+    aggregate: torch.Tensor
+    sent: Sent
+    selected: int | torch.Tensor | None = None
+    target: int | None = None
+    union: int | torch.Tensor | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    bytes_sent: int = 0
+    rounds: int = 0
+    encode_s: float = 0.0
+    decode_s: float = 0.0
+
+
+def check_ratio(ratio: float, what: str = "ratio") -> float:
+    """Validate δ = k/d, the fraction of elements kept."""
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+        raise TypeError(f"{what} must be a number in (0, 1], got {ratio!r}")
+    if not (0.0 < float(ratio) <= 1.0) or math.isnan(ratio):
+        raise ValueError(
+            f"{what}={ratio!r} is out of range: it is the fraction of elements kept, "
+            "so it must lie in (0, 1] (for example 0.01 keeps 1%)"
+        )
+    return float(ratio)
+
+
+def target_k(numel: int, ratio: float) -> int:
+    """k = ⌊d·δ⌋ (at least 1). A tiny relative slack keeps 1000·0.001 from flooring to 0."""
+    return max(1, min(numel, int(math.floor(numel * ratio * (1 + 1e-12)))))
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """Indices go over the wire as int32 while they fit: half the bytes of int64."""
+    return torch.int32 if numel < 2**31 else torch.int64
+
+
+def sparse_mean(
+    indices: list[torch.Tensor] | torch.Tensor,
+    values: list[torch.Tensor] | torch.Tensor,
+    numel: int,
+    world_size: int,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Batched sparse decoding (DRAGONN 4.3): all ranks' (index, value) pairs in ONE
+    scatter-add into a zero dense tensor, duplicates summed, then divided by world size.
+    Indices < 0 mark empty slots and are dropped."""
+    idx = torch.cat(indices) if isinstance(indices, list) else indices
+    val = torch.cat(values) if isinstance(values, list) else values
+    if out is None:
+        out = torch.zeros(numel, dtype=dtype, device=val.device)
+    else:
+        out.zero_()
+    if idx.numel():
+        out.index_add_(0, idx, val.to(dtype))
+    if world_size > 1:
+        out.div_(world_size)
+    return out
+
+
+def union_size(indices: list[torch.Tensor]) -> int:
+    """|∪ indices| over ranks, empty slots (< 0) excluded: DEFT's actual density · d."""
+    idx = torch.cat(indices)
+    unique = torch.unique(idx)
+    return int((unique >= 0).sum())
+
+
+class Compressor(abc.ABC):
+    """Base class. Subclasses set `pattern`, implement `protocol`, and are registered
+    with @compressors.register("name")."""
+
+    name: ClassVar[str] = ""
+    pattern: ClassVar[Pattern]
+    # Selects a subset of coordinates and sends their exact values (DGC momentum
+    # correction only makes sense for these).
+    sparse: ClassVar[bool] = False
+    # Error feedback a researcher gets by default: "none", "residual" or "momentum".
+    default_feedback: ClassVar[str] = "residual"
+    # Lossless up to dtype rounding: no estimator to check.
+    exact: ClassVar[bool] = False
+
+    def params(self) -> dict[str, Any]:
+        """Constructor arguments and their current values (for configs and logs)."""
+        sig = inspect.signature(type(self).__init__)
+        return {
+            p: getattr(self, p)
+            for p in sig.parameters
+            if p != "self" and hasattr(self, p)
+        }
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.params().items())
+        return f"{type(self).__name__}({args})"
+
+    @abc.abstractmethod
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+        """One worker's side of one step on the flat, error-compensated gradient."""
+
+    def sent_elements(self, numel: int) -> int | None:
+        """Elements sent per worker for a tensor of `numel` when it is known in advance
+        (fixed-size payloads); None when it depends on the data (thresholds)."""
+        return None
+
+
+class Sparsifier(Compressor):
+    """Selects coordinates of |acc| and sends their exact values by sparse allgather.
+
+    Subclasses implement `select`; decoding is the batched scatter-add of sparse_mean.
+    """
+
+    pattern = Pattern.SPARSE_ALLGATHER
+    sparse = True
+
+    def __init__(self, ratio: float = 0.01):
+        self.ratio = check_ratio(ratio)
+
+    @abc.abstractmethod
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        """Indices (1-D, int64 or int32, unique) this worker sends."""
+
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+        numel = acc.numel()
+        k = target_k(numel, self.ratio)
+        indices = self.select(acc, k, ctx).to(index_dtype(numel))
+        values = acc[indices]
+        all_idx, all_val = yield (AllGather(indices), AllGather(values))
+        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype)
+        union = union_size(all_idx) if ctx.measure else None
+        return Outcome(
+            aggregate=aggregate,
+            sent=SparseSent(indices, values),
+            selected=indices.numel(),
+            target=k,
+            union=union,
+        )
+
+
+def allreduce_mean(tensor: torch.Tensor, world_size: int) -> Protocol:
+    """Sum a dense tensor across ranks and divide by world size (in place)."""
+    total = yield AllReduce(tensor)
+    if world_size > 1:
+        total.div_(world_size)
+    return total

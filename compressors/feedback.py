@@ -1,0 +1,113 @@
+"""Error feedback, kept apart from the algorithms and selectable per run.
+
+acc = compensate(grad); the compressor sends C(acc); update(acc, sent) keeps
+residual = acc − sent. Buffers are allocated once per tensor and updated in place.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import torch
+
+from compressors.base import Sent, SparseSent
+
+
+class ErrorFeedback(abc.ABC):
+    name: str = ""
+
+    @abc.abstractmethod
+    def compensate(self, grad: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
+        """The tensor to compress (flat). May be a persistent buffer of `state`."""
+
+    @abc.abstractmethod
+    def update(self, acc: torch.Tensor, sent: Sent, state: dict[str, Any]) -> None:
+        """Keep what was not sent."""
+
+    def residual(self, state: dict[str, Any]) -> torch.Tensor | None:
+        """The error carried to the next step (for metrics), if any."""
+        return None
+
+    def check(self, compressor: Any) -> None:
+        """Raise if this feedback cannot work with the compressor."""
+
+
+class NoFeedback(ErrorFeedback):
+    """Nothing is kept: for exact compressors and the ones their papers run without EF."""
+
+    name = "none"
+
+    def compensate(self, grad, state):
+        return grad
+
+    def update(self, acc, sent, state):
+        pass
+
+
+class Residual(ErrorFeedback):
+    """Plain residual memory: residual ← acc − sent, acc = grad + residual."""
+
+    name = "residual"
+
+    def compensate(self, grad, state):
+        residual = state.get("residual")
+        if residual is None or residual.shape != grad.shape or residual.dtype != grad.dtype:
+            residual = state["residual"] = grad.clone()
+            return residual
+        return residual.add_(grad)
+
+    def update(self, acc, sent, state):
+        # acc IS state["residual"] (compensate returned it): subtracting in place leaves
+        # exactly acc − sent there, without a new full-size buffer.
+        sent.subtract_from(acc)
+
+    def residual(self, state):
+        return state.get("residual")
+
+
+class MomentumCorrection(ErrorFeedback):
+    """DGC momentum correction: u ← m·u + g; v ← v + u; send sparse(v); both u and v
+    are zeroed where sent (momentum factor masking)."""
+
+    name = "momentum"
+
+    def __init__(self, momentum: float = 0.9):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"momentum={momentum!r} must lie in [0, 1)")
+        self.momentum = momentum
+
+    def check(self, compressor):
+        if not compressor.sparse:
+            raise ValueError(
+                f"momentum correction masks the coordinates a sparsifier sent; "
+                f"{compressor.name!r} is not a sparsifier: use feedback='residual'"
+            )
+
+    def compensate(self, grad, state):
+        u = state.get("momentum")
+        if u is None or u.shape != grad.shape or u.dtype != grad.dtype:
+            state["momentum"] = grad.clone()
+            state["velocity"] = grad.clone()
+            return state["velocity"]
+        u.mul_(self.momentum).add_(grad)
+        return state["velocity"].add_(u)
+
+    def update(self, acc, sent, state):
+        if not isinstance(sent, SparseSent):
+            raise TypeError("momentum correction needs a sparse contribution (SparseSent)")
+        sent.subtract_from(acc)
+        state["momentum"].index_fill_(0, sent.indices.long(), 0)
+
+    def residual(self, state):
+        return state.get("velocity")
+
+
+def make_feedback(spec: str | ErrorFeedback | None, **params: Any) -> ErrorFeedback:
+    """'none' | 'residual' | 'momentum' (or an instance) → ErrorFeedback."""
+    if isinstance(spec, ErrorFeedback):
+        return spec
+    table = {"none": NoFeedback, None: NoFeedback, "residual": Residual, "momentum": MomentumCorrection}
+    if spec not in table:
+        raise ValueError(f"unknown feedback {spec!r}; choose one of: none, residual, momentum")
+    return table[spec](**params)

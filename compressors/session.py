@@ -1,0 +1,174 @@
+"""One worker's compression state, and the generator a driver runs for it.
+
+A Session owns a worker's per-tensor state (error feedback buffers, compressor state),
+its private random stream and the shared seed schedule. `exchange` validates the
+gradient, applies error feedback, runs the compressor's protocol while counting the
+bytes of every request it yields and timing the compute between rounds, and updates the
+feedback. Drivers (simulated or torch.distributed) only answer requests.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Generator
+from typing import Any
+
+import torch
+
+from compressors.base import FLOAT_DTYPES, Compressor, Context, Outcome, Segment
+from compressors.feedback import ErrorFeedback, make_feedback
+from compressors.requests import as_round, payload_bytes
+
+_MASK64 = (1 << 63) - 1
+
+
+def mix_seed(*parts: int | str) -> int:
+    """A deterministic 63-bit seed from ints and strings (same in every process,
+    unlike hash())."""
+    h = 0x9E3779B97F4A7C15
+    for p in parts:
+        v = zlib.crc32(p.encode()) if isinstance(p, str) else int(p)
+        h ^= (v + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK64) + (h >> 2)) & _MASK64
+        h = (h * 0xBF58476D1CE4E5B9) & _MASK64
+    return h & _MASK64
+
+
+def validate_gradient(name: str, grad: torch.Tensor, check_finite: bool = True) -> None:
+    """Refuse what no compressor can handle, with the fix in the message."""
+    if not isinstance(grad, torch.Tensor):
+        raise TypeError(f"gradient {name!r} must be a torch.Tensor, got {type(grad).__name__}")
+    if grad.dtype not in FLOAT_DTYPES:
+        raise TypeError(
+            f"gradient {name!r} has dtype {grad.dtype}; compressors take floating tensors "
+            "(float16, bfloat16, float32, float64): cast it with .float()"
+        )
+    if grad.numel() == 0:
+        raise ValueError(f"gradient {name!r} is empty; drop empty tensors before compressing")
+    if check_finite and not bool(torch.isfinite(grad).all()):
+        bad = "NaN" if bool(torch.isnan(grad).any()) else "Inf"
+        raise FloatingPointError(
+            f"gradient {name!r} contains {bad}; compressing it would spread it into every "
+            "worker's error feedback. Lower the learning rate, clip gradients, or check "
+            "the loss scale (fp16) before the exchange"
+        )
+
+
+class Session:
+    """One worker: compressor + error feedback + per-tensor state + RNG."""
+
+    def __init__(
+        self,
+        compressor: Compressor,
+        rank: int = 0,
+        world_size: int = 1,
+        feedback: str | ErrorFeedback | None = "default",
+        seed: int = 0,
+        check_finite: bool = True,
+        measure: bool = True,
+        device: torch.device | str | None = None,
+    ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
+        self.compressor = compressor
+        self.rank = rank
+        self.world_size = world_size
+        self.feedback = make_feedback(
+            compressor.default_feedback if feedback == "default" else feedback
+        )
+        self.feedback.check(compressor)
+        self.seed = seed
+        self.check_finite = check_finite
+        self.measure = measure
+        self.states: dict[str, dict[str, Any]] = {}
+        self._generators: dict[str, torch.Generator] = {}
+
+    def generator(self, device: torch.device) -> torch.Generator:
+        """This worker's private random stream on `device` (distinct per rank)."""
+        key = str(device)
+        g = self._generators.get(key)
+        if g is None:
+            g = torch.Generator(device=device)
+            g.manual_seed(mix_seed(self.seed, "worker", self.rank))
+            self._generators[key] = g
+        return g
+
+    def shared_seed(self, name: str, step: int) -> int:
+        """Identical on every rank for (tensor, step): shared random indices, RHT signs."""
+        return mix_seed(self.seed, "shared", name, step)
+
+    def state(self, name: str) -> dict[str, Any]:
+        return self.states.setdefault(name, {"compressor": {}, "feedback": {}})
+
+    def residual(self, name: str) -> torch.Tensor | None:
+        return self.feedback.residual(self.state(name)["feedback"])
+
+    def exchange(
+        self,
+        name: str,
+        grad: torch.Tensor,
+        step: int,
+        layout: tuple[Segment, ...] | None = None,
+        writable: bool = False,
+    ) -> Generator[Any, Any, Outcome]:
+        """Run one step for one tensor. Yields the compressor's requests unchanged and
+        returns its Outcome with bytes and timings filled in. `writable=True` lets the
+        protocol overwrite `grad` (a DDP bucket buffer without error feedback)."""
+        validate_gradient(name, grad, self.check_finite)
+        flat = grad.reshape(-1)
+        st = self.state(name)
+        t0 = time.perf_counter()
+        acc = self.feedback.compensate(flat, st["feedback"])
+        ctx = Context(
+            rank=self.rank,
+            world_size=self.world_size,
+            step=step,
+            name=name,
+            state=st["compressor"],
+            generator=self.generator(flat.device),
+            shared_seed=self.shared_seed(name, step),
+            layout=layout,
+            acc_writable=writable and acc is flat and flat.data_ptr() == grad.data_ptr(),
+            measure=self.measure,
+        )
+        gen = self.compressor.protocol(acc, ctx)
+        answer: Any = None
+        nbytes = 0
+        rounds = 0
+        segments: list[float] = []
+        while True:
+            try:
+                item = gen.send(answer)
+            except StopIteration as stop:
+                outcome = stop.value
+                break
+            segments.append(time.perf_counter() - t0)
+            requests, _ = as_round(item)
+            nbytes += sum(payload_bytes(r, self.rank) for r in requests)
+            rounds += 1
+            answer = yield item
+            t0 = time.perf_counter()
+        if not isinstance(outcome, Outcome):
+            raise TypeError(
+                f"{type(self.compressor).__name__}.protocol returned {type(outcome).__name__}, "
+                "expected Outcome"
+            )
+        self.feedback.update(acc, outcome.sent, st["feedback"])
+        segments.append(time.perf_counter() - t0)
+        outcome.bytes_sent = nbytes
+        outcome.rounds = rounds
+        outcome.encode_s = sum(segments[:-1])
+        outcome.decode_s = segments[-1]
+        return outcome
+
+    # Checkpointing (model-independent): every tensor of every state, by name.
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "states": self.states,
+            "generators": {k: g.get_state() for k, g in self._generators.items()},
+        }
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.states = sd["states"]
+        for key, s in sd["generators"].items():
+            self.generator(torch.device(key)).set_state(s)

@@ -1,0 +1,1 @@
+"""gradcomp-repro's engine: drivers over torch.distributed, measurement, benchmarks, CLI."""

@@ -1,0 +1,58 @@
+"""Run a function on n local gloo ranks (spawned processes) and collect the results.
+
+Used by the 2-process tests and by anyone checking a compressor over real ranks without
+torchrun. Rendezvous goes through a file, so no port is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callable, args: tuple) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
+    )
+    try:
+        result: Any = fn(rank, world_size, *args)
+        torch.save({"ok": True, "result": result}, os.path.join(out_dir, f"{rank}.pt"))
+    except BaseException:
+        torch.save({"ok": False, "error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 300) -> list[Any]:
+    """fn(rank, world_size, *args) on `world_size` gloo ranks; the return values by rank.
+    fn must be importable (module level) and return torch.save-able values."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        ctx = mp.start_processes(
+            _entry, args=(world_size, init_file, tmp, fn, args), nprocs=world_size,
+            join=False, start_method="spawn",
+        )
+        import time
+
+        deadline = time.monotonic() + timeout
+        while not ctx.join(timeout=1):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise TimeoutError(f"{world_size} gloo ranks did not finish within {timeout} s")
+        results = []
+        for r in range(world_size):
+            blob = torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False)
+            if not blob["ok"]:
+                raise RuntimeError(f"rank {r} failed:\n{blob['error']}")
+            results.append(blob["result"])
+        return results
