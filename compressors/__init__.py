@@ -24,6 +24,8 @@ from compressors.base import (
     Sent,
     Sparsifier,
     SparseSent,
+    flatten_named,
+    unflatten,
 )
 from compressors.feedback import ErrorFeedback, MomentumCorrection, NoFeedback, Residual, make_feedback
 from compressors.registry import default_params as _default_params
@@ -79,5 +81,5 @@ __all__ = [
     "AllGather", "AllReduce", "Broadcast", "Compressor", "Context", "DenseSent",
     "ErrorFeedback", "MomentumCorrection", "NoFeedback", "Outcome", "Pattern", "Residual",
     "Segment", "Sent", "Session", "SimulatedGroup", "SparseSent", "Sparsifier", "build",
-    "default_params", "drive", "get_class", "list_compressors", "make_feedback", "register",
+    "default_params", "drive", "flatten_named", "unflatten", "get_class", "list_compressors", "make_feedback", "register",
 ]

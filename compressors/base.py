@@ -48,6 +48,25 @@ class Segment:
     shape: tuple[int, ...]
 
 
+def flatten_named(named: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, tuple[Segment, ...]]:
+    """Concatenate named tensors (a model's gradients, a bucket's parameter views) into
+    one flat tensor and the layout that remembers their boundaries and shapes."""
+    if not named:
+        raise ValueError("flatten_named needs at least one (name, tensor) pair")
+    layout = []
+    offset = 0
+    for name, t in named:
+        layout.append(Segment(name, offset, t.numel(), tuple(t.shape)))
+        offset += t.numel()
+    flat = torch.cat([t.reshape(-1) for _, t in named])
+    return flat, tuple(layout)
+
+
+def unflatten(flat: torch.Tensor, layout: tuple[Segment, ...]) -> dict[str, torch.Tensor]:
+    """Views of `flat` shaped as the layout's tensors, by name."""
+    return {s.name: flat[s.offset : s.offset + s.numel].view(s.shape) for s in layout}
+
+
 @dataclass
 class Context:
     """What a protocol knows about the step it runs in, for one worker."""
@@ -59,7 +78,9 @@ class Context:
     state: dict[str, Any]
     generator: torch.Generator
     shared_seed: int
-    layout: tuple[Segment, ...] | None = None
+    # The tensors inside the flat gradient: always set by the Session (a single segment
+    # with the gradient's own shape when the caller gives no layout).
+    layout: tuple[Segment, ...] = ()
     # True when `acc` is a scratch buffer the protocol may overwrite (for example a DDP
     # bucket buffer with no error feedback). Otherwise protocols must not modify it.
     acc_writable: bool = False

@@ -116,6 +116,13 @@ class Session:
         protocol overwrite `grad` (a DDP bucket buffer without error feedback)."""
         validate_gradient(name, grad, self.check_finite)
         flat = grad.reshape(-1)
+        if layout is None:
+            layout = (Segment(name, 0, flat.numel(), tuple(grad.shape)),)
+        elif sum(s.numel for s in layout) != flat.numel():
+            raise ValueError(
+                f"layout of {name!r} covers {sum(s.numel for s in layout)} elements but the "
+                f"gradient has {flat.numel()}"
+            )
         st = self.state(name)
         t0 = time.perf_counter()
         acc = self.feedback.compensate(flat, st["feedback"])

@@ -1,0 +1,1 @@
+"""Subcommands of `repro`, one module each (see repro/cli.py)."""
