@@ -19,6 +19,7 @@ from compressors.base import (
     target_k,
 )
 from compressors.registry import register
+from compressors.requests import AllReduce
 
 
 @register("none")
@@ -30,8 +31,13 @@ class NoCompression(Compressor):
     exact = True
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
-        buf = acc if ctx.acc_writable else acc.clone()
-        sent = DenseSent(acc if not ctx.acc_writable else acc.clone())
+        if ctx.acc_writable:
+            # Only possible without error feedback: the bucket buffer is reduced in place
+            # and nothing reads `sent` afterwards.
+            buf, sent = acc, DenseSent(acc)
+        else:
+            sent = DenseSent(acc.clone())  # acc may be a feedback buffer updated later
+            buf = acc.clone()
         total = yield from allreduce_mean(buf, ctx.world_size)
         return Outcome(aggregate=total, sent=sent)
 
