@@ -37,7 +37,7 @@ from compressors.requests import AllGather, AllReduce, Broadcast
 from compressors.session import Session
 from compressors.simulated import SimulatedGroup, drive
 
-_INFRASTRUCTURE = {"base", "feedback", "registry", "requests", "session", "simulated"}
+_INFRASTRUCTURE = {"base", "feedback", "multiplex", "registry", "requests", "session", "simulated"}
 _loaded = False
 
 

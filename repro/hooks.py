@@ -1,0 +1,224 @@
+"""Any registered compressor inside a user's own DistributedDataParallel model.
+
+    state, hook = repro.hooks.make("sidco_e", ratio=0.01, model=ddp_model)
+    ddp_model.register_comm_hook(state, hook)
+
+The hook compresses each parameter's gradient (layer-wise, the papers' setting, from the
+bucket's per-parameter views) or the whole bucket (granularity="bucket"), batches the
+per-parameter collectives of a bucket into a few merged ones (compressors.multiplex), and
+runs them on the communication thread so they overlap with the rest of backward. Error
+feedback state is keyed by parameter name, so DDP's bucket rebuild after the first step
+does not disturb it; in bucket mode the feedback buffers are re-sliced by parameter when
+the buckets change. The returned Future holds the bucket's AVERAGED gradient.
+
+No `from __future__ import annotations` here: DDP checks the hook's return annotation.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import compressors
+from compressors import Segment, Session
+from compressors.multiplex import multiplex
+from repro.costmodel import EfficiencySelector
+from repro.distributed import run_async
+
+
+@dataclass
+class StepRecord:
+    """What one tensor's exchange reported (metrics read these, then clear them)."""
+
+    name: str
+    numel: int
+    compressed: bool
+    selected: Any
+    target: Any
+    union: Any
+    bytes_sent: int
+    encode_s: float
+    decode_s: float
+
+
+class CompressionHookState:
+    """Everything the hook needs between calls: sessions, names, step, records."""
+
+    def __init__(
+        self,
+        compressor: compressors.Compressor,
+        feedback: Any = "default",
+        granularity: str = "layer",
+        process_group: Any = None,
+        model: torch.nn.Module | None = None,
+        seed: int = 0,
+        selector: EfficiencySelector | None = None,
+        min_numel: int = 0,
+        measure: bool = False,
+        check_finite: bool = True,
+    ):
+        if granularity not in ("layer", "bucket"):
+            raise ValueError(f"granularity={granularity!r}: choose 'layer' or 'bucket'")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
+        self.process_group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        self.session = Session(compressor, self.rank, self.world_size, feedback=feedback,
+                               seed=seed, check_finite=check_finite, measure=measure)
+        # Tensors not worth compressing (too small, or DRAGONN's rule says no) go dense.
+        self.dense = Session(compressors.build("none"), self.rank, self.world_size,
+                             feedback="none", seed=seed, check_finite=check_finite)
+        self.granularity = granularity
+        self.selector = selector
+        self.min_numel = min_numel
+        self.step = 0
+        self.records: list[StepRecord] = []
+        self._names: dict[int, str] = {}
+        if model is not None:
+            for name, p in model.named_parameters():
+                self._names[id(p)] = name.removeprefix("module.")
+        self._bucket_layouts: dict[str, tuple[Segment, ...]] = {}
+        self.enabled = True  # False: plain averaged allreduce (dense warm-up steps)
+
+    def name_of(self, param: torch.Tensor) -> str:
+        name = self._names.get(id(param))
+        if name is None:  # no model given: ids are stable for the parameter's lifetime
+            name = self._names[id(param)] = f"param{len(self._names)}"
+        return name
+
+    def compress_tensor(self, numel: int) -> bool:
+        if not self.enabled or numel < self.min_numel:
+            return False
+        return self.selector is None or self.selector.should_compress(numel)
+
+    def pop_records(self) -> list[StepRecord]:
+        out, self.records = self.records, []
+        return out
+
+    # Checkpointing: error feedback and compressor state, by parameter name.
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "session": self.session.state_dict(),
+                "layouts": self._bucket_layouts}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step = sd["step"]
+        self.session.load_state_dict(sd["session"])
+        self._bucket_layouts = sd["layouts"]
+
+    def bucket_key(self, layout: tuple[Segment, ...]) -> str:
+        """Bucket-mode state key; re-slices feedback buffers when DDP rebuilt buckets."""
+        key = "bucket:" + "|".join(s.name for s in layout)
+        if key not in self._bucket_layouts:
+            self._migrate(key, layout)
+            self._bucket_layouts[key] = layout
+        return key
+
+    def _migrate(self, key: str, layout: tuple[Segment, ...]) -> None:
+        where: dict[str, tuple[str, Segment]] = {}
+        for old_key, old_layout in self._bucket_layouts.items():
+            for seg in old_layout:
+                where[seg.name] = (old_key, seg)
+        if not where:
+            return
+        total = sum(s.numel for s in layout)
+        new_fb: dict[str, torch.Tensor] = {}
+        for seg in layout:
+            if seg.name not in where:
+                continue
+            old_key, old_seg = where[seg.name]
+            old_fb = self.session.state(old_key)["feedback"]
+            for buf_name, buf in old_fb.items():
+                if not isinstance(buf, torch.Tensor):
+                    continue
+                dst = new_fb.setdefault(buf_name, torch.zeros(total, dtype=buf.dtype, device=buf.device))
+                dst[seg.offset : seg.offset + seg.numel] = buf[old_seg.offset : old_seg.offset + old_seg.numel]
+        self.session.state(key)["feedback"].update(new_fb)
+
+
+def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP communication hook: compress, exchange, and return the averaged bucket."""
+    buffer = bucket.buffer()
+    step = state.step
+    if bucket.is_last():
+        state.step += 1
+    params = bucket.parameters()
+    grads = bucket.gradients()
+    if state.granularity == "bucket":
+        layout = []
+        offset = 0
+        for p, g in zip(params, grads):
+            layout.append(Segment(state.name_of(p), offset, g.numel(), tuple(g.shape)))
+            offset += g.numel()
+        layout = tuple(layout)
+        targets = [buffer]
+        if state.compress_tensor(buffer.numel()):
+            key = state.bucket_key(layout)
+            gens = [state.session.exchange(key, buffer, step, layout=layout)]
+            flags, names = [True], [key]
+        else:
+            gens = [state.dense.exchange("dense", buffer, step, writable=True)]
+            flags, names = [False], ["dense"]
+    else:
+        targets = grads
+        gens, flags, names = [], [], []
+        for p, g in zip(params, grads):
+            name = state.name_of(p)
+            if state.compress_tensor(g.numel()):
+                gens.append(state.session.exchange(name, g, step))
+                flags.append(True)
+            else:
+                gens.append(state.dense.exchange(name, g, step, writable=True))
+                flags.append(False)
+            names.append(name)
+
+    job = multiplex(gens)
+    fut = run_async(job, state.process_group)
+
+    def finish(f: torch.futures.Future) -> torch.Tensor:
+        outcomes = f.value()
+        for target, outcome, compressed, name in zip(targets, outcomes, flags, names):
+            agg = outcome.aggregate
+            if agg.data_ptr() != target.data_ptr():
+                target.copy_(agg.view_as(target))
+            state.records.append(StepRecord(
+                name=name, numel=target.numel(), compressed=compressed,
+                selected=outcome.selected, target=outcome.target, union=outcome.union,
+                bytes_sent=outcome.bytes_sent, encode_s=outcome.encode_s,
+                decode_s=outcome.decode_s,
+            ))
+        return buffer
+
+    return fut.then(finish)
+
+
+def make(
+    name: str,
+    *,
+    feedback: Any = "default",
+    granularity: str = "layer",
+    process_group: Any = None,
+    model: torch.nn.Module | None = None,
+    seed: int = 0,
+    selector: EfficiencySelector | None = None,
+    min_numel: int = 0,
+    measure: bool = False,
+    **params: Any,
+) -> tuple[CompressionHookState, Callable]:
+    """(state, hook) for `ddp_model.register_comm_hook(state, hook)`.
+
+    name/params: a registered compressor and its parameters (compressors.build).
+    feedback: "default" (the compressor's), "none", "residual" or "momentum".
+    granularity: "layer" (per parameter, the papers' setting) or "bucket".
+    model: the DDP model, so state is keyed by parameter names (needed for checkpoints).
+    selector: DRAGONN's efficiency-aware selection (repro.costmodel.EfficiencySelector).
+    min_numel: tensors smaller than this are allreduced densely (a static cut-off).
+    """
+    compressor = compressors.build(name, **params)
+    state = CompressionHookState(
+        compressor, feedback=feedback, granularity=granularity, process_group=process_group,
+        model=model, seed=seed, selector=selector, min_numel=min_numel, measure=measure,
+    )
+    return state, compression_hook
