@@ -16,7 +16,7 @@ No `from __future__ import annotations` here: DDP checks the hook's return annot
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -43,45 +43,44 @@ class StepRecord:
     decode_s: float
 
 
-class CompressionHookState:
-    """Everything the hook needs between calls: sessions, names, step, records."""
+class WorkerCompression:
+    """One worker's compression of a set of named tensors per step, independent of how
+    collectives are carried out: used by the DDP hook (one per rank) and by the
+    simulated-workers trainer (n of them), so both take the same decisions."""
 
     def __init__(
         self,
         compressor: compressors.Compressor,
+        rank: int,
+        world_size: int,
         feedback: Any = "default",
-        granularity: str = "layer",
-        process_group: Any = None,
-        model: torch.nn.Module | None = None,
         seed: int = 0,
-        selector: EfficiencySelector | None = None,
+        selector: Optional[EfficiencySelector] = None,
         min_numel: int = 0,
         measure: bool = False,
         check_finite: bool = True,
+        names: Optional[dict] = None,
     ):
-        if granularity not in ("layer", "bucket"):
-            raise ValueError(f"granularity={granularity!r}: choose 'layer' or 'bucket'")
-        if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
-        self.process_group = process_group
-        self.rank = dist.get_rank(process_group)
-        self.world_size = dist.get_world_size(process_group)
-        self.session = Session(compressor, self.rank, self.world_size, feedback=feedback,
+        self.compressor = compressor
+        self.session = Session(compressor, rank, world_size, feedback=feedback,
                                seed=seed, check_finite=check_finite, measure=measure)
         # Tensors not worth compressing (too small, or DRAGONN's rule says no) go dense.
-        self.dense = Session(compressors.build("none"), self.rank, self.world_size,
+        self.dense = Session(compressors.build("none"), rank, world_size,
                              feedback="none", seed=seed, check_finite=check_finite)
-        self.granularity = granularity
         self.selector = selector
         self.min_numel = min_numel
-        self.step = 0
-        self.records: list[StepRecord] = []
-        self._names: dict[int, str] = {}
-        if model is not None:
-            for name, p in model.named_parameters():
-                self._names[id(p)] = name.removeprefix("module.")
-        self._bucket_layouts: dict[str, tuple[Segment, ...]] = {}
         self.enabled = True  # False: plain averaged allreduce (dense warm-up steps)
+        self.records: list[StepRecord] = []
+        self._names: dict[int, str] = dict(names or {})
+        self._bucket_layouts: dict[str, tuple[Segment, ...]] = {}
+
+    @property
+    def measure(self) -> bool:
+        return self.session.measure
+
+    @measure.setter
+    def measure(self, value: bool) -> None:
+        self.session.measure = value
 
     def name_of(self, param: torch.Tensor) -> str:
         name = self._names.get(id(param))
@@ -94,17 +93,62 @@ class CompressionHookState:
             return False
         return self.selector is None or self.selector.should_compress(numel)
 
+    def layerwise(self, named: list[tuple[str, torch.Tensor]], step: int):
+        """(protocol, finish) for per-tensor compression of `named` gradients; the
+        protocol returns outcomes, finish(outcomes) writes the averages back in place."""
+        gens, flags = [], []
+        for name, g in named:
+            if self.compress_tensor(g.numel()):
+                gens.append(self.session.exchange(name, g, step))
+                flags.append(True)
+            else:
+                gens.append(self.dense.exchange(name, g, step, writable=True))
+                flags.append(False)
+        targets = [g for _, g in named]
+        names = [n for n, _ in named]
+        return multiplex(gens), lambda outcomes: self._finish(targets, outcomes, flags, names)
+
+    def whole(self, flat: torch.Tensor, layout: tuple[Segment, ...], step: int):
+        """(protocol, finish) for compressing a flat bucket as one tensor with a layout."""
+        if self.compress_tensor(flat.numel()):
+            key = self.bucket_key(layout)
+            gen = self.session.exchange(key, flat, step, layout=layout)
+            flags, names = [True], [key]
+        else:
+            gen = self.dense.exchange("dense", flat, step, writable=True)
+            flags, names = [False], ["dense"]
+        return multiplex([gen]), lambda outcomes: self._finish([flat], outcomes, flags, names)
+
+    def _finish(self, targets, outcomes, flags, names) -> None:
+        for target, outcome, compressed, name in zip(targets, outcomes, flags, names):
+            agg = outcome.aggregate
+            if agg.data_ptr() != target.data_ptr():
+                target.copy_(agg.view_as(target))
+            self.records.append(StepRecord(
+                name=name, numel=target.numel(), compressed=compressed,
+                selected=outcome.selected, target=outcome.target, union=outcome.union,
+                bytes_sent=outcome.bytes_sent, encode_s=outcome.encode_s,
+                decode_s=outcome.decode_s,
+            ))
+
     def pop_records(self) -> list[StepRecord]:
         out, self.records = self.records, []
         return out
 
+    def residuals(self) -> list[torch.Tensor]:
+        """Every error-feedback buffer this worker holds (for the EF-norm metric)."""
+        out = []
+        for name in list(self.session.states):
+            r = self.session.residual(name)
+            if r is not None:
+                out.append(r)
+        return out
+
     # Checkpointing: error feedback and compressor state, by parameter name.
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "session": self.session.state_dict(),
-                "layouts": self._bucket_layouts}
+        return {"session": self.session.state_dict(), "layouts": self._bucket_layouts}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.step = sd["step"]
         self.session.load_state_dict(sd["session"])
         self._bucket_layouts = sd["layouts"]
 
@@ -138,6 +182,46 @@ class CompressionHookState:
         self.session.state(key)["feedback"].update(new_fb)
 
 
+class CompressionHookState(WorkerCompression):
+    """The DDP hook's state: this rank's WorkerCompression plus process group and step."""
+
+    def __init__(
+        self,
+        compressor: compressors.Compressor,
+        feedback: Any = "default",
+        granularity: str = "layer",
+        process_group: Any = None,
+        model: Optional[torch.nn.Module] = None,
+        seed: int = 0,
+        selector: Optional[EfficiencySelector] = None,
+        min_numel: int = 0,
+        measure: bool = False,
+        check_finite: bool = True,
+    ):
+        if granularity not in ("layer", "bucket"):
+            raise ValueError(f"granularity={granularity!r}: choose 'layer' or 'bucket'")
+        if not dist.is_initialized():
+            raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
+        names = {}
+        if model is not None:
+            names = {id(p): n.removeprefix("module.") for n, p in model.named_parameters()}
+        super().__init__(
+            compressor, dist.get_rank(process_group), dist.get_world_size(process_group),
+            feedback=feedback, seed=seed, selector=selector, min_numel=min_numel,
+            measure=measure, check_finite=check_finite, names=names,
+        )
+        self.process_group = process_group
+        self.granularity = granularity
+        self.step = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, **super().state_dict()}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        self.step = sd["step"]
+        super().load_state_dict(sd)
+
+
 def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: compress, exchange, and return the averaged bucket."""
     buffer = bucket.buffer()
@@ -147,51 +231,19 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
     params = bucket.parameters()
     grads = bucket.gradients()
     if state.granularity == "bucket":
-        layout = []
-        offset = 0
+        layout, offset = [], 0
         for p, g in zip(params, grads):
             layout.append(Segment(state.name_of(p), offset, g.numel(), tuple(g.shape)))
             offset += g.numel()
-        layout = tuple(layout)
-        targets = [buffer]
-        if state.compress_tensor(buffer.numel()):
-            key = state.bucket_key(layout)
-            gens = [state.session.exchange(key, buffer, step, layout=layout)]
-            flags, names = [True], [key]
-        else:
-            gens = [state.dense.exchange("dense", buffer, step, writable=True)]
-            flags, names = [False], ["dense"]
+        job, finish = state.whole(buffer, tuple(layout), step)
     else:
-        targets = grads
-        gens, flags, names = [], [], []
-        for p, g in zip(params, grads):
-            name = state.name_of(p)
-            if state.compress_tensor(g.numel()):
-                gens.append(state.session.exchange(name, g, step))
-                flags.append(True)
-            else:
-                gens.append(state.dense.exchange(name, g, step, writable=True))
-                flags.append(False)
-            names.append(name)
+        job, finish = state.layerwise([(state.name_of(p), g) for p, g in zip(params, grads)], step)
 
-    job = multiplex(gens)
-    fut = run_async(job, state.process_group)
-
-    def finish(f: torch.futures.Future) -> torch.Tensor:
-        outcomes = f.value()
-        for target, outcome, compressed, name in zip(targets, outcomes, flags, names):
-            agg = outcome.aggregate
-            if agg.data_ptr() != target.data_ptr():
-                target.copy_(agg.view_as(target))
-            state.records.append(StepRecord(
-                name=name, numel=target.numel(), compressed=compressed,
-                selected=outcome.selected, target=outcome.target, union=outcome.union,
-                bytes_sent=outcome.bytes_sent, encode_s=outcome.encode_s,
-                decode_s=outcome.decode_s,
-            ))
+    def done(f: torch.futures.Future) -> torch.Tensor:
+        finish(f.value())
         return buffer
 
-    return fut.then(finish)
+    return run_async(job, state.process_group).then(done)
 
 
 def make(
@@ -200,9 +252,9 @@ def make(
     feedback: Any = "default",
     granularity: str = "layer",
     process_group: Any = None,
-    model: torch.nn.Module | None = None,
+    model: Optional[torch.nn.Module] = None,
     seed: int = 0,
-    selector: EfficiencySelector | None = None,
+    selector: Optional[EfficiencySelector] = None,
     min_numel: int = 0,
     measure: bool = False,
     **params: Any,
