@@ -16,6 +16,7 @@ lengths in one small collective, padding to the longest, gathering, and trimming
 
 import queue
 import threading
+import time
 from collections.abc import Generator
 from typing import Any
 
@@ -27,7 +28,35 @@ from compressors.requests import AllGather, AllReduce, Broadcast, Request, as_ro
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
+class _Clock:
+    """Wall time spent inside collectives (issue + wait), for the time breakdown."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self._seconds += seconds
+
+    def pop(self) -> float:
+        with self._lock:
+            s, self._seconds = self._seconds, 0.0
+            return s
+
+
+comm_clock = _Clock()
+
+
 def _run_round(requests: tuple[Request, ...], group) -> list[Any]:
+    t0 = time.perf_counter()
+    try:
+        return _issue_and_wait(requests, group)
+    finally:
+        comm_clock.add(time.perf_counter() - t0)
+
+
+def _issue_and_wait(requests: tuple[Request, ...], group) -> list[Any]:
     world = dist.get_world_size(group)
     gathers = [r for r in requests if isinstance(r, AllGather)]
     lengths: list[list[int]] = []

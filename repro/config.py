@@ -1,0 +1,197 @@
+"""Structured configs: a misspelled key fails when the config is composed, before launch.
+
+The Hydra tree in conf/ mirrors these dataclasses (groups compressor/, task/, cluster/,
+logger/, experiment/). `validate` checks what a schema cannot: that the compressor and
+task exist, that compressor parameters are ones it accepts, ratios in range, THC's
+integer width, data paths present — all before any worker starts.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+
+@dataclass
+class CompressorConfig:
+    name: str = "none"
+    # δ = k/d for compressors that take a ratio; ignored (must stay null) for others.
+    ratio: Optional[float] = None
+    # "default" (the compressor's own), "none", "residual" or "momentum".
+    feedback: str = "default"
+    momentum: float = 0.9  # for feedback=momentum (DGC momentum correction)
+    # "layer": per parameter tensor (the papers' setting); "bucket": per DDP bucket.
+    granularity: str = "layer"
+    # Any other constructor parameter of the compressor, checked against the registry.
+    params: dict[str, Any] = field(default_factory=dict)
+    # Dense steps before compression starts (DRAGONN compress-iter, PowerSGD start iter).
+    start_step: int = 0
+    # DGC warm-up: ratio decays exponentially from warmup_ratio to ratio over these steps.
+    warmup_steps: int = 0
+    warmup_ratio: float = 0.25
+    # Tensors below this size are allreduced densely (static cut-off).
+    min_numel: int = 0
+    # DRAGONN Eq. 1 efficiency-aware selection with the cluster's network parameters.
+    efficiency_aware: bool = False
+
+
+@dataclass
+class TaskConfig:
+    name: str = "cifar10_resnet20"
+    size: str = "smoke"  # smoke | paper
+    data: str = "standin"  # standin | canonical
+    data_root: Optional[str] = None
+    batch_size: Optional[int] = None  # per worker; null = the task's (paper) value
+    lr: Optional[float] = None  # null = the task's (paper) value
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local_cpu"
+    # spawn: n local processes (gloo/NCCL); torchrun: an elastic launch (restarts);
+    # simulated: n gradient computations per step in one process (THC Sec. 8.3).
+    mode: str = "spawn"
+    workers: int = 2
+    backend: str = "gloo"
+    device: str = "cpu"
+    threads_per_worker: int = 1
+    max_restarts: int = 0
+    # The cluster the measured step is projected onto (clearly labelled "projected").
+    target_workers: int = 16
+    bandwidth_gbps: float = 25.0
+    latency_us: float = 5.0
+
+
+@dataclass
+class LoggerConfig:
+    wandb: bool = True
+    project: str = "gradcomp-repro"
+    log_every: int = 1
+    nmse: bool = False  # exact-average NMSE: one extra dense allreduce on log steps
+    progress: bool = True
+
+
+@dataclass
+class TrainConfig:
+    compressor: CompressorConfig = field(default_factory=CompressorConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    seed: int = 0
+    steps: int = 100  # optimizer steps (all workers together)
+    eval_every: int = 50  # 0: evaluate only at the end
+    eval_batches: Optional[int] = 20
+    checkpoint_every: int = 0  # 0: no checkpoints
+    group: str = "default"  # W&B group and runs/<group>/ folder (the sweep name)
+    runs_root: str = "runs"
+    run_dir: Optional[str] = None  # fixed by the launcher: runs/<group>/<run name>
+    name: Optional[str] = None  # run name; derived from compressor/task/ratio/workers
+
+
+def schema() -> DictConfig:
+    return OmegaConf.structured(TrainConfig)
+
+
+def check_choice(key: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
+
+
+def validate(cfg: DictConfig) -> None:
+    """Everything that can be checked before any worker starts. Raises ValueError /
+    KeyError / FileNotFoundError naming the key and the allowed values."""
+    import compressors
+
+    c = cfg.compressor
+    names = compressors.list_compressors()
+    check_choice("compressor.name", c.name, names)
+    check_choice("compressor.feedback", c.feedback, ("default", "none", "residual", "momentum"))
+    check_choice("compressor.granularity", c.granularity, ("layer", "bucket"))
+    check_choice("cluster.mode", cfg.cluster.mode, ("spawn", "torchrun", "simulated"))
+    check_choice("cluster.backend", cfg.cluster.backend, ("gloo", "nccl"))
+    check_choice("task.size", cfg.task.size, ("smoke", "paper"))
+    check_choice("task.data", cfg.task.data, ("standin", "canonical"))
+    if cfg.cluster.workers < 1:
+        raise ValueError(f"cluster.workers={cfg.cluster.workers} must be ≥ 1")
+    if cfg.steps < 1:
+        raise ValueError(f"steps={cfg.steps} must be ≥ 1")
+    if cfg.cluster.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"cluster.device={cfg.cluster.device!r} but no CUDA device is present; use cluster.device=cpu")
+    defaults = compressors.default_params(c.name)
+    accepted = sorted(defaults)
+    if c.ratio is not None and "ratio" not in defaults:
+        raise ValueError(
+            f"compressor.ratio is set but {c.name!r} takes no ratio; set compressor.ratio=null "
+            f"(its parameters: {', '.join(accepted) or 'none'})"
+        )
+    for key in c.params:
+        if key not in defaults:
+            raise ValueError(
+                f"compressor.params.{key} is not a parameter of {c.name!r}; "
+                f"allowed: {', '.join(accepted) or 'none'}"
+            )
+    if c.warmup_steps and not (0 < c.warmup_ratio <= 1):
+        raise ValueError(f"compressor.warmup_ratio={c.warmup_ratio} must lie in (0, 1]")
+    # Constructing the compressor runs its own parameter checks (ratio range, THC widths).
+    build_compressor(cfg, world_size=cfg.cluster.workers)
+    if cfg.task.data == "canonical" and cfg.task.data_root and not os.path.exists(cfg.task.data_root):
+        raise FileNotFoundError(
+            f"task.data_root={cfg.task.data_root!r} does not exist; point it at the "
+            f"dataset or use task.data=standin"
+        )
+    import tasks
+
+    check_choice("task.name", cfg.task.name, tasks.list_tasks())
+
+
+def compressor_params(cfg: DictConfig) -> dict[str, Any]:
+    params = dict(OmegaConf.to_container(cfg.compressor.params, resolve=True))
+    if cfg.compressor.ratio is not None:
+        params["ratio"] = float(cfg.compressor.ratio)
+    return params
+
+
+def build_compressor(cfg: DictConfig, world_size: int):
+    import compressors
+
+    c = compressors.build(cfg.compressor.name, **compressor_params(cfg))
+    check = getattr(c, "check_world_size", None)
+    if check is not None:  # e.g. THC: the integer sum of n workers must fit its width
+        check(world_size)
+    return c
+
+
+def run_name(cfg: DictConfig) -> str:
+    if cfg.name:
+        return str(cfg.name)
+    parts = [cfg.compressor.name]
+    if cfg.compressor.ratio is not None:
+        parts.append(f"r{cfg.compressor.ratio:g}")
+    parts += [f"w{cfg.cluster.workers}", cfg.cluster.mode, cfg.task.name, cfg.task.size, f"s{cfg.seed}"]
+    return "-".join(str(p) for p in parts).replace("/", "_")
+
+
+def resolve_run_dir(cfg: DictConfig) -> str:
+    if cfg.run_dir:
+        return str(cfg.run_dir)
+    return os.path.join(cfg.runs_root, cfg.group, run_name(cfg))
+
+
+def save(cfg: DictConfig, path: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(OmegaConf.to_yaml(cfg, resolve=True))
+    os.replace(tmp, path)
+
+
+def load(path: str) -> DictConfig:
+    """A resolved config written by the launcher, checked against the schema."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no config at {path}: launch runs with `repro train`")
+    return OmegaConf.merge(schema(), OmegaConf.load(path))

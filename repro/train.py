@@ -1,0 +1,471 @@
+"""The training loop, for real ranks (DDP + comm hook) and for simulated workers.
+
+Both modes share everything but the gradient exchange: the task, optimiser, schedules,
+warm-up, clipping, compression schedule (dense start steps, DGC ratio warm-up),
+checkpoints, metrics, evaluation. Real ranks: each process trains a DDP model whose comm
+hook runs the compressor. Simulated (THC Section 8.3): one process computes n workers'
+gradients per step on one model, runs n WorkerCompression protocols through the same
+multiplexed per-tensor generators the hook uses, and applies the one aggregate. With the
+same seed, n = 2 simulated equals a real 2-rank run step for step.
+
+Workers never compose configs: they read RUN_DIR/config.yaml written by the launcher.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from compressors import Pattern, drive
+from repro import config as config_mod
+from repro.costmodel import EfficiencySelector, Network, profile_compressor, sent_fraction
+from repro.distributed import comm_clock
+from repro.hooks import CompressionHookState, StepRecord, WorkerCompression, compression_hook
+
+FAIL_ENV = "GRADCOMP_FAIL_AT_STEP"  # test hook: "STEP:RANK" kills that rank once
+
+
+def ratio_at(cfg, step: int) -> float | None:
+    """DGC warm-up: the ratio decays exponentially from warmup_ratio to ratio."""
+    c = cfg.compressor
+    if c.ratio is None:
+        return None
+    if not c.warmup_steps or step >= c.start_step + c.warmup_steps:
+        return float(c.ratio)
+    progress = max(0, step - c.start_step) / c.warmup_steps
+    return float(math.exp(math.log(c.warmup_ratio) * (1 - progress) + math.log(c.ratio) * progress))
+
+
+def network_of(cfg) -> Network:
+    cl = cfg.cluster
+    return Network(workers=cl.target_workers, bandwidth_gbps=cl.bandwidth_gbps, latency_us=cl.latency_us)
+
+
+def projected_comm_s(records: list[StepRecord], pattern: Pattern, network: Network) -> tuple[float, float]:
+    """(projected seconds of this step's exchanges, projected seconds if all were dense)
+    on the target cluster, from the bytes each tensor really sent."""
+    comm = dense = 0.0
+    for r in records:
+        dense_bytes = r.numel * 4
+        dense += network.allreduce_s(dense_bytes)
+        if not r.compressed:
+            comm += network.allreduce_s(r.bytes_sent)
+        elif pattern in (Pattern.SPARSE_ALLGATHER, Pattern.INDEX_ALLGATHER_VALUE_ALLREDUCE):
+            comm += network.allgather_s(r.bytes_sent)
+        else:
+            comm += network.allreduce_s(r.bytes_sent)
+    return comm, dense
+
+
+def summarise_records(records: list[StepRecord]) -> dict[str, float]:
+    out: dict[str, float] = {"bytes_sent": float(sum(r.bytes_sent for r in records))}
+    out["compress_s"] = sum(r.encode_s + r.decode_s for r in records)
+    comp = [r for r in records if r.compressed]
+    sel = [(float(r.selected), float(r.target)) for r in comp if r.selected is not None and r.target]
+    if sel:
+        out["estimation_quality"] = sum(s for s, _ in sel) / sum(t for _, t in sel)
+    uni = [(float(r.union), r.numel) for r in comp if r.union is not None]
+    if uni:
+        out["density"] = sum(u for u, _ in uni) / sum(n for _, n in uni)
+    out["compressed_fraction"] = sum(r.numel for r in comp) / max(1, sum(r.numel for r in records))
+    return out
+
+
+class Trainer:
+    """State and loop shared by both modes; subclasses implement `exchange_step`."""
+
+    def __init__(self, run_dir: str, rank: int, world_size: int):
+        self.run_dir = run_dir
+        self.cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
+        self.rank = rank
+        self.world_size = world_size
+        self.is_main = rank == 0
+        cfg = self.cfg
+        torch.manual_seed(cfg.seed)
+        random.seed(cfg.seed)
+        import tasks
+
+        self.task = tasks.build_task(
+            cfg.task.name, size=cfg.task.size, data=cfg.task.data, data_root=cfg.task.data_root,
+            batch_size=cfg.task.batch_size, seed=cfg.seed,
+        )
+        if cfg.task.lr is not None:
+            self.task.hparams["lr"] = float(cfg.task.lr)
+        self.device = torch.device(cfg.cluster.device)
+        self.model = self.task.build_model().to(self.device)
+        self.network = network_of(cfg)
+        self.compressor = config_mod.build_compressor(cfg, world_size)
+        self.step = 0
+        self.epoch = 0
+        self.batch_in_epoch = 0
+        self.wall_offset = 0.0
+        self.best: dict[str, Any] = {}
+        self.ckpt_dir = os.path.join(run_dir, "checkpoints")
+
+    # -- pieces both modes use ---------------------------------------------------------
+    def make_compression(self, rank: int, world: int, names: dict[int, str]) -> WorkerCompression:
+        cfg = self.cfg
+        selector = None
+        if cfg.compressor.efficiency_aware:
+            profile = profile_compressor(self.compressor, sizes=(2**10, 2**14, 2**17), repeats=2)
+            selector = EfficiencySelector(self.network, profile, sent_fraction(self.compressor))
+        feedback = cfg.compressor.feedback
+        if feedback == "momentum":
+            from compressors import MomentumCorrection
+
+            feedback = MomentumCorrection(cfg.compressor.momentum)
+        kwargs = dict(feedback=feedback, seed=cfg.seed, selector=selector,
+                      min_numel=cfg.compressor.min_numel, measure=True)
+        if isinstance(self, DDPTrainer):
+            return CompressionHookState(self.compressor, granularity=cfg.compressor.granularity,
+                                        model=self.model_for_names, **kwargs)
+        return WorkerCompression(self.compressor, rank, world, names=names, **kwargs)
+
+    def apply_schedule(self, compressions: list[WorkerCompression]) -> None:
+        r = ratio_at(self.cfg, self.step)
+        if r is not None and hasattr(self.compressor, "ratio"):
+            self.compressor.ratio = r
+        enabled = self.step >= self.cfg.compressor.start_step
+        log = self.cfg.logger.log_every and self.step % self.cfg.logger.log_every == 0
+        for c in compressions:
+            c.enabled = enabled
+            c.measure = bool(log)
+
+    def batches(self):
+        """Endless per-rank batches, resumable at (epoch, batch_in_epoch)."""
+        while True:
+            it = self.task.train_batches(self.rank_for_data, self.world_size, self.epoch)
+            for i, batch in enumerate(it):
+                if i < self.batch_in_epoch:
+                    continue
+                self.batch_in_epoch = i + 1
+                yield batch
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def setup_optim(self) -> None:
+        self.optimizer = self.task.make_optimizer(self.model.parameters())
+        steps_per_epoch = getattr(self.task, "steps_per_epoch", None)
+        if callable(steps_per_epoch):
+            steps_per_epoch = steps_per_epoch(self.world_size)
+        self.scheduler = self.task.make_scheduler(self.optimizer, steps_per_epoch or 100)
+
+    def clip(self) -> None:
+        clip = self.task.hparams.get("clip")
+        if clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+
+    def maybe_fail(self) -> None:
+        spec = os.environ.get(FAIL_ENV)
+        if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return
+        fail_step, fail_rank = (int(x) for x in spec.split(":"))
+        if self.step == fail_step and self.rank == fail_rank:
+            os._exit(17)
+
+    def evaluate(self) -> dict[str, float]:
+        result = self.task.evaluate(self.model_for_eval, max_batches=self.cfg.eval_batches)
+        return {f"eval/{k}": float(v) for k, v in result.items()}
+
+    def reached_target(self, value: float) -> bool:
+        return value >= self.task.target if self.task.higher_is_better else value <= self.task.target
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {
+            "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
+            "model": self.model_for_eval.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "rng": torch.get_rng_state(), "py_rng": random.getstate(),
+            "wall_time": self.wall_offset + (time.perf_counter() - self.t_start),
+            "best": self.best,
+        }
+
+    def load_checkpoint_state(self, sd: dict[str, Any]) -> None:
+        self.step, self.epoch, self.batch_in_epoch = sd["step"], sd["epoch"], sd["batch_in_epoch"]
+        self.model_for_eval.load_state_dict(sd["model"])
+        self.optimizer.load_state_dict(sd["optimizer"])
+        if self.scheduler is not None and sd["scheduler"] is not None:
+            self.scheduler.load_state_dict(sd["scheduler"])
+        torch.set_rng_state(sd["rng"])
+        random.setstate(sd["py_rng"])
+        self.wall_offset = sd["wall_time"]
+        self.best = sd["best"]
+
+    def latest_checkpoint(self) -> str | None:
+        pointer = os.path.join(self.ckpt_dir, "LATEST")
+        if not os.path.exists(pointer):
+            return None
+        with open(pointer) as f:
+            return os.path.join(self.ckpt_dir, f.read().strip())
+
+    @staticmethod
+    def atomic_save(obj: Any, path: str) -> None:
+        tmp = path + ".tmp"
+        torch.save(obj, tmp)
+        os.replace(tmp, path)
+
+    # -- the loop ------------------------------------------------------------------------
+    def run(self) -> dict[str, Any]:
+        from repro.logging import MetricsWriter, WandbLogger, progress
+
+        cfg = self.cfg
+        self.setup_optim()
+        self.setup_compression()
+        self.t_start = time.perf_counter()
+        resumed = self.resume()
+        writer = wandb = None
+        if self.is_main:
+            os.makedirs(self.ckpt_dir, exist_ok=True)
+            writer = MetricsWriter(self.run_dir, resume_step=(self.step - 1) if resumed else None)
+            if cfg.logger.wandb:
+                from omegaconf import OmegaConf
+
+                wandb = WandbLogger(
+                    OmegaConf.to_container(cfg, resolve=True), project=cfg.logger.project,
+                    group=cfg.group, name=os.path.basename(self.run_dir), run_dir=self.run_dir,
+                )
+        batches = self.batches()
+        global_batch = None
+        bar = progress(range(self.step, cfg.steps), desc=os.path.basename(self.run_dir),
+                       enabled=self.is_main and cfg.logger.progress)
+        for _ in bar:
+            self.maybe_fail()
+            self.apply_schedule(self.compressions)
+            comm_clock.pop()
+            t0 = time.perf_counter()
+            loss, samples = self.exchange_step(batches)
+            self.clip()
+            self.optimizer.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
+            step_s = time.perf_counter() - t0
+            comm_s = comm_clock.pop()
+            global_batch = samples * self.world_size
+            records = self.compressions[0].pop_records()
+            for c in self.compressions[1:]:
+                c.pop_records()
+            logging_step = cfg.logger.log_every and self.step % cfg.logger.log_every == 0
+            metrics = None
+            if logging_step:
+                metrics = self.step_metrics(loss, step_s, comm_s, global_batch, records)
+            self.step += 1
+            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+                metrics = self.add_eval(metrics or {})
+            if metrics is not None and self.is_main:
+                writer.log(self.step - 1, **metrics)
+                if wandb is not None:
+                    wandb.log(self.step - 1, metrics)
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint()
+        final = self.add_eval({})
+        summary = {
+            "steps": self.step, "wall_time_s": self.wall_offset + time.perf_counter() - self.t_start,
+            "metric": self.task.metric, "target": self.task.target,
+            "data_source": self.task.data_source, **final, **self.best,
+        }
+        if self.is_main:
+            writer.log(self.step - 1, **final)
+            writer.write_summary(summary)
+            writer.close()
+            if wandb is not None:
+                wandb.log(self.step - 1, final)
+                wandb.finish()
+            with open(os.path.join(self.run_dir, "DONE"), "w") as f:
+                f.write(f"{self.step}\n")
+        return summary
+
+    def add_eval(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        result = self.evaluate() if self.is_main else {}
+        metrics.update(result)
+        key = f"eval/{self.task.metric}"
+        if key in result and "time_to_target_s" not in self.best and self.reached_target(result[key]):
+            self.best["time_to_target_s"] = self.wall_offset + time.perf_counter() - self.t_start
+            self.best["steps_to_target"] = self.step
+        return metrics
+
+    def step_metrics(self, loss: float, step_s: float, comm_s: float, global_batch: int,
+                     records: list[StepRecord]) -> dict[str, Any]:
+        m: dict[str, Any] = {"loss": loss, "lr": self.optimizer.param_groups[0]["lr"]}
+        m.update(summarise_records(records))
+        m["step_s"] = step_s
+        m["comm_s"] = comm_s
+        m["compute_s"] = max(0.0, step_s - comm_s - m["compress_s"])
+        m["samples_per_s"] = global_batch / step_s if step_s > 0 else None
+        res = self.compressions[0].residuals()
+        if res:
+            m["ef_norm"] = float(torch.linalg.vector_norm(torch.stack(torch._foreach_norm(res))))
+        ratio = ratio_at(self.cfg, self.step)
+        if ratio is not None:
+            m["ratio"] = ratio
+        proj_comm, proj_dense = projected_comm_s(records, self.compressor.pattern, self.network)
+        proj_step = m["compute_s"] + m["compress_s"] + proj_comm
+        per_worker = global_batch / self.world_size
+        m["projected/step_s"] = proj_step
+        m["projected/samples_per_s"] = per_worker * self.network.workers / proj_step if proj_step > 0 else None
+        dense_step = m["compute_s"] + proj_dense
+        m["projected/speedup_vs_dense"] = dense_step / proj_step if proj_step > 0 else None
+        return m
+
+
+class DDPTrainer(Trainer):
+    """One real rank: a DDP model whose comm hook runs the compressor."""
+
+    def __init__(self, run_dir: str, rank: int, world_size: int):
+        super().__init__(run_dir, rank, world_size)
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [torch.cuda.current_device()] if self.device.type == "cuda" else None
+        self.ddp = DDP(self.model, device_ids=ids)
+        self.model_for_names = self.ddp
+        self.model_for_eval = self.model
+        self.rank_for_data = rank
+
+    def setup_compression(self) -> None:
+        self.hook_state = self.make_compression(self.rank, self.world_size, {})
+        self.ddp.register_comm_hook(self.hook_state, compression_hook)
+        self.compressions = [self.hook_state]
+
+    def exchange_step(self, batches) -> tuple[float, int]:
+        batch = next(batches)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.task.loss(self.ddp, batch)
+        loss.backward()
+        value = loss.detach().clone()
+        dist.all_reduce(value)
+        return float(value) / self.world_size, self.task.batch_samples(batch)
+
+    def resume(self) -> bool:
+        path = self.latest_checkpoint()
+        if path is None:
+            return False
+        self.load_checkpoint_state(torch.load(os.path.join(path, "trainer.pt"), weights_only=False))
+        comp = torch.load(os.path.join(path, f"compression_rank{self.rank}.pt"), weights_only=False)
+        self.hook_state.load_state_dict(comp)
+        return True
+
+    def save_checkpoint(self) -> None:
+        name = f"step_{self.step:08d}"
+        path = os.path.join(self.ckpt_dir, name)
+        os.makedirs(path, exist_ok=True)
+        self.atomic_save(self.hook_state.state_dict(), os.path.join(path, f"compression_rank{self.rank}.pt"))
+        if self.is_main:
+            self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
+        dist.barrier()
+        if self.is_main:  # the pointer moves only once every rank's file is complete
+            with open(os.path.join(self.ckpt_dir, "LATEST.tmp"), "w") as f:
+                f.write(name)
+            os.replace(os.path.join(self.ckpt_dir, "LATEST.tmp"), os.path.join(self.ckpt_dir, "LATEST"))
+        dist.barrier()
+
+
+class SimulatedTrainer(Trainer):
+    """n simulated workers in one process: n backward passes, one update."""
+
+    def __init__(self, run_dir: str):
+        cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
+        super().__init__(run_dir, 0, cfg.cluster.workers)
+        self.model_for_eval = self.model
+        self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.rank_for_data = 0
+
+    def setup_compression(self) -> None:
+        names = {id(p): n for n, p in self.named}
+        self.compressions = [self.make_compression(r, self.world_size, names) for r in range(self.world_size)]
+
+    def batches(self):
+        """One resumable stream per simulated worker, zipped."""
+        while True:
+            its = [self.task.train_batches(r, self.world_size, self.epoch) for r in range(self.world_size)]
+            for i, group in enumerate(zip(*its)):
+                if i < self.batch_in_epoch:
+                    continue
+                self.batch_in_epoch = i + 1
+                yield group
+            self.epoch += 1
+            self.batch_in_epoch = 0
+
+    def exchange_step(self, batches) -> tuple[float, int]:
+        group = next(batches)
+        grads_per_worker = []
+        losses = []
+        for batch in group:
+            for _, p in self.named:
+                p.grad = None
+            loss = self.task.loss(self.model, batch)
+            loss.backward()
+            losses.append(loss.detach())
+            grads_per_worker.append([(n, p.grad) for n, p in self.named])
+        jobs, finishes = [], []
+        for comp, named in zip(self.compressions, grads_per_worker):
+            job, finish = comp.layerwise(named, self.step)
+            jobs.append(job)
+            finishes.append(finish)
+        outcomes = drive(jobs)
+        for finish, out in zip(finishes, outcomes):
+            finish(out)
+        for (_, p), (_, g) in zip(self.named, grads_per_worker[0]):
+            p.grad = g
+        total = losses[0].clone()
+        for l_ in losses[1:]:
+            total += l_
+        return float(total) / self.world_size, self.task.batch_samples(group[0])
+
+    def resume(self) -> bool:
+        path = self.latest_checkpoint()
+        if path is None:
+            return False
+        self.load_checkpoint_state(torch.load(os.path.join(path, "trainer.pt"), weights_only=False))
+        comp = torch.load(os.path.join(path, "compression.pt"), weights_only=False)
+        for c, sd in zip(self.compressions, comp):
+            c.load_state_dict(sd)
+        return True
+
+    def save_checkpoint(self) -> None:
+        name = f"step_{self.step:08d}"
+        path = os.path.join(self.ckpt_dir, name)
+        os.makedirs(path, exist_ok=True)
+        self.atomic_save([c.state_dict() for c in self.compressions], os.path.join(path, "compression.pt"))
+        self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
+        with open(os.path.join(self.ckpt_dir, "LATEST.tmp"), "w") as f:
+            f.write(name)
+        os.replace(os.path.join(self.ckpt_dir, "LATEST.tmp"), os.path.join(self.ckpt_dir, "LATEST"))
+
+
+def init_distributed(cfg, rank: int | None = None, world_size: int | None = None,
+                     init_method: str | None = None) -> tuple[int, int]:
+    """Join the process group: from torchrun's environment, or from spawn's arguments."""
+    backend = cfg.cluster.backend
+    if rank is None:
+        dist.init_process_group(backend)  # env:// from torchrun
+    else:
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    if cfg.cluster.device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+        torch.cuda.set_device(local)
+        cfg.cluster.device = f"cuda:{local}"
+    return dist.get_rank(), dist.get_world_size()
+
+
+def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = None,
+             init_method: str | None = None) -> dict[str, Any]:
+    """Entry point of one real rank (spawned or under torchrun)."""
+    cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
+    torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
+    rank, world_size = init_distributed(cfg, rank, world_size, init_method)
+    try:
+        return DDPTrainer(run_dir, rank, world_size).run()
+    finally:
+        dist.destroy_process_group()
+
+
+def run_simulated(run_dir: str) -> dict[str, Any]:
+    cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
+    torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
+    return SimulatedTrainer(run_dir).run()
