@@ -1,0 +1,188 @@
+"""DGC: Deep Gradient Compression's sampled threshold (Lin et al., ICLR 2018).
+
+The k-th largest |acc| is estimated from a small uniform sample instead of sorting the
+tensor: take the top ceil(s·δ) of s sampled magnitudes, use their minimum as the
+threshold, and select every |acc_i| >= threshold in one pass. If the estimate was too
+low and more than `max_overselect`·k elements pass ("~4k/3" in the SIDCo/GRACE code
+that the DRAGONN and SIDCo papers benchmark), an exact top-k runs among the selected
+elements only (the "re-top-k"), which is cheap because they are few.
+
+Under-selection is accepted, as the authors' code accepts it: when fewer than k elements
+pass, exactly those are sent (k̂ < k) and error feedback keeps the rest for later steps.
+No second threshold round is run and nothing is padded.
+
+`sample_threshold` is shared with DRAGONN (compressors/dragonn.py), whose paper uses the
+same estimator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from compressors.base import (
+    Context,
+    Outcome,
+    Protocol,
+    Sparsifier,
+    SparseSent,
+    check_ratio,
+    index_dtype,
+    sparse_mean,
+    target_k,
+    union_size,
+)
+from compressors.registry import register
+from compressors.requests import AllGather
+
+
+def check_sampling(sample_ratio: float, min_sample_top: int) -> tuple[float, int]:
+    """Validate the sampling parameters shared by DGC and DRAGONN."""
+    sample_ratio = check_ratio(sample_ratio, "sample_ratio")
+    if isinstance(min_sample_top, bool) or not isinstance(min_sample_top, int) or min_sample_top < 1:
+        raise ValueError(
+            f"min_sample_top={min_sample_top!r} must be a positive integer: it is how many "
+            "sampled elements must lie above the estimated threshold (e.g. 10)"
+        )
+    return sample_ratio, min_sample_top
+
+
+def sample_size(numel: int, ratio: float, sample_ratio: float, min_sample_top: int) -> int:
+    """Sample size s = max(⌈d·sample_ratio⌉, ⌈min_sample_top/δ⌉), at most d.
+
+    The floor keeps the estimate usable on small tensors and small δ: with 1% of a 10⁵
+    tensor at δ = 0.001 the sample's top part would hold a single element (threshold = the
+    sample maximum, whose count above it is exponentially distributed). With the floor the
+    top part holds at least `min_sample_top` elements."""
+    by_ratio = math.ceil(numel * sample_ratio * (1 - 1e-12))
+    by_floor = math.ceil(min_sample_top / ratio * (1 - 1e-12))
+    return max(1, min(numel, max(by_ratio, by_floor)))
+
+
+def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
+    """Positions of the True entries of a 1-D bool mask, ascending (int64).
+
+    On CPU, numpy's flatnonzero on the shared buffer (no copy) is several times faster than
+    torch.nonzero (measured ~0.4 vs ~3 ms at 2.6M elements, one thread); on accelerators
+    torch.nonzero is the compaction kernel to use."""
+    if mask.device.type == "cpu":
+        return torch.from_numpy(np.flatnonzero(mask.numpy()))
+    return torch.nonzero(mask).squeeze(1)
+
+
+def sample_threshold(
+    acc: torch.Tensor,
+    ratio: float,
+    k: int,
+    sample_ratio: float,
+    min_sample_top: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """DGC's threshold: min of the top ⌈s·δ⌉ of s magnitudes drawn uniformly (with
+    replacement) from |acc| with `generator`. 0-dim tensor in acc's dtype, on acc's device
+    (no host synchronisation).
+
+    When the sample would cover the whole tensor, the exact k-th largest |acc| is used.
+    Statistics are computed in float32 (float64 for float64 input); the result is one of
+    acc's own magnitudes, so converting it back to acc's dtype is exact. A zero threshold
+    (an all-zero sample) is raised to the dtype's smallest positive value, so selection
+    means |acc| > 0: zeros are never sent (they carry nothing) and an all-zero or mostly
+    zero tensor selects only its non-zeros instead of everything.
+    """
+    numel = acc.numel()
+    stat_dtype = torch.float64 if acc.dtype == torch.float64 else torch.float32
+    s = sample_size(numel, ratio, sample_ratio, min_sample_top)
+    if s >= numel:
+        sample = acc.abs().to(stat_dtype)
+        top = k
+    else:
+        positions = torch.randint(0, numel, (s,), generator=generator, device=acc.device)
+        sample = acc.index_select(0, positions).abs().to(stat_dtype)
+        top = max(1, min(s, math.ceil(s * ratio * (1 - 1e-12))))
+    threshold = torch.topk(sample, top, sorted=False).values.min()
+    tiny = torch.nextafter(
+        torch.zeros((), dtype=acc.dtype, device=acc.device),
+        torch.ones((), dtype=acc.dtype, device=acc.device),
+    )
+    return torch.maximum(threshold.to(acc.dtype), tiny)
+
+
+@register("dgc")
+class DGC(Sparsifier):
+    """Sampled-threshold Top-k with re-top-k on over-selection (see the module docstring).
+
+    ratio: δ = k/d. sample_ratio: fraction of |acc| sampled (1%). max_overselect: re-top-k
+    runs when more than max_overselect·k elements pass the threshold (4/3).
+    min_sample_top: the sample is enlarged (up to the whole tensor) until at least this
+    many sampled elements are expected above the threshold.
+    Default feedback: DGC momentum correction.
+    """
+
+    default_feedback = "momentum"
+
+    def __init__(
+        self,
+        ratio: float = 0.01,
+        sample_ratio: float = 0.01,
+        max_overselect: float = 4 / 3,
+        min_sample_top: int = 10,
+    ):
+        super().__init__(ratio)
+        self.sample_ratio, self.min_sample_top = check_sampling(sample_ratio, min_sample_top)
+        if (
+            isinstance(max_overselect, bool)
+            or not isinstance(max_overselect, (int, float))
+            or not math.isfinite(max_overselect)
+            or max_overselect < 1
+        ):
+            raise ValueError(
+                f"max_overselect={max_overselect!r} must be a finite number >= 1: re-top-k "
+                "runs when more than max_overselect·k elements pass the threshold (DGC: 4/3)"
+            )
+        self.max_overselect = float(max_overselect)
+
+    def overselect_limit(self, k: int) -> int:
+        """Most elements kept without re-top-k: ⌊max_overselect·k⌋."""
+        return max(k, math.floor(self.max_overselect * k * (1 + 1e-12)))
+
+    def select_with_stats(
+        self, acc: torch.Tensor, k: int, ctx: Context
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(indices, threshold, candidates above the threshold)."""
+        threshold = sample_threshold(
+            acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
+        )
+        magnitude = acc.abs()
+        candidates = flat_nonzero(magnitude >= threshold)
+        count = candidates.numel()
+        if count > self.overselect_limit(k):
+            best = torch.topk(magnitude.index_select(0, candidates), k, sorted=False).indices
+            candidates = candidates[best]
+        return candidates, threshold, count
+
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        return self.select_with_stats(acc, k, ctx)[0]
+
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+        numel = acc.numel()
+        k = target_k(numel, self.ratio)
+        indices, threshold, count = self.select_with_stats(acc, k, ctx)
+        indices = indices.to(index_dtype(numel))
+        values = acc.index_select(0, indices)
+        all_idx, all_val = yield (AllGather(indices), AllGather(values))
+        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype)
+        union = union_size(all_idx) if ctx.measure else None
+        return Outcome(
+            aggregate=aggregate,
+            sent=SparseSent(indices, values),
+            selected=indices.numel(),
+            target=k,
+            union=union,
+            extra={
+                "threshold": float(threshold),
+                "candidates": count,
+                "retopk": count > self.overselect_limit(k),
+            },
+        )
