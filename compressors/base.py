@@ -190,7 +190,8 @@ def sparse_mean(
 ) -> torch.Tensor:
     """Batched sparse decoding (DRAGONN 4.3): all ranks' (index, value) pairs in ONE
     scatter-add into a zero dense tensor, duplicates summed, then divided by world size.
-    Indices < 0 mark empty slots and are dropped."""
+    Every index must be valid (0 <= i < numel): callers with empty slots (DRAGONN's −1)
+    filter them or route them to a spare element first."""
     idx = torch.cat(indices) if isinstance(indices, list) else indices
     val = torch.cat(values) if isinstance(values, list) else values
     if out is None:
@@ -261,13 +262,18 @@ class Sparsifier(Compressor):
         self.ratio = check_ratio(ratio)
 
     @abc.abstractmethod
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        """Indices (1-D, int64 or int32, unique) this worker sends."""
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | tuple[torch.Tensor, dict]:
+        """Indices (1-D, int64 or int32, unique) this worker sends, optionally with a dict
+        of diagnostics (threshold, stages, ...) that lands in Outcome.extra."""
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
-        indices = self.select(acc, k, ctx).to(index_dtype(numel))
+        chosen = self.select(acc, k, ctx)
+        extra: dict[str, Any] = {}
+        if isinstance(chosen, tuple):
+            chosen, extra = chosen
+        indices = chosen.to(index_dtype(numel))
         values = acc[indices]
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
         aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype)
@@ -278,6 +284,7 @@ class Sparsifier(Compressor):
             selected=indices.numel(),
             target=k,
             union=union,
+            extra=extra,
         )
 
 
