@@ -1,0 +1,474 @@
+"""Side-by-side comparison of finished (or running) training runs (`repro compare`).
+
+Reads each run directory's config.yaml, metrics.jsonl and summary.json (see
+repro/logging.py for the layout), prints one table row per run and writes PNG plots plus a
+static index.html to an output folder.
+
+Table columns (means are over the logged steps that carry the value):
+
+| column               | meaning                                                            |
+|----------------------|--------------------------------------------------------------------|
+| final loss           | training loss of the last logged step                              |
+| best eval/<metric>   | best evaluation value of the task's quality metric (direction from |
+|                      | the summary's higher_is_better, else from the metric's name)       |
+| time to target (s)   | wall time when the metric first reached the task's target          |
+| samples/s            | mean measured throughput of all workers together                   |
+| projected samples/s  | mean throughput the cost model projects onto the target cluster     |
+| k̂/k                  | mean estimation quality (selected / target elements)               |
+| density              | mean actual density of the aggregate, |∪ indices| / d               |
+| sent/worker/step     | mean bytes one worker put on the wire per step                     |
+| compress / comm (ms) | mean per-step encode+decode time / communication time              |
+
+Projected values (keys "projected/...") come from the cost model, not from a measurement,
+and are labelled "projected" wherever they appear.
+"""
+
+from __future__ import annotations
+
+import csv
+import html
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from repro.logging import CONFIG_FILE, DONE_FILE, METRICS_FILE, read_metrics, read_summary
+
+LOWER_IS_BETTER = ("perplexity", "loss", "error", "wer", "cer", "mse", "nmse")
+X_LABELS = {"step": "step", "time": "wall time (s)"}
+
+
+@dataclass
+class Run:
+    path: str
+    name: str
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any] | None
+    done: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def cfg(self, dotted: str, default: Any = None) -> Any:
+        node: Any = self.config
+        for part in dotted.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return default
+            node = node[part]
+        return node
+
+    @property
+    def compressor(self) -> str:
+        return str(self.cfg("compressor.name", "?"))
+
+    @property
+    def task(self) -> str:
+        return str(self.cfg("task.name", "?"))
+
+    @property
+    def data_source(self) -> str | None:
+        src = self.cfg("task.data_source")
+        if src is None and self.summary:
+            src = self.summary.get("data_source")
+        if src is None:
+            src = self.cfg("task.data")
+        return None if src is None else str(src)
+
+    @property
+    def metric(self) -> str | None:
+        m = self.cfg("task.metric")
+        if m is None and self.summary:
+            m = self.summary.get("metric")
+        if m is None:  # fall back to the single eval key that is not the loss
+            keys = sorted({k[5:] for r in self.metrics for k in r if k.startswith("eval/")} - {"loss"})
+            m = keys[0] if len(keys) == 1 else None
+        return None if m is None else str(m)
+
+    @property
+    def higher_is_better(self) -> bool:
+        if self.summary and isinstance(self.summary.get("higher_is_better"), bool):
+            return self.summary["higher_is_better"]
+        hib = self.cfg("task.higher_is_better")
+        if isinstance(hib, bool):
+            return hib
+        name = (self.metric or "").lower()
+        return not any(word in name for word in LOWER_IS_BETTER)
+
+    @property
+    def target(self) -> float | None:
+        t = self.summary.get("target") if self.summary else None
+        if t is None:
+            t = self.cfg("task.target")
+        return t if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+
+    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
+        """(x, y) of the lines that carry a non-null `key`; x is "step" or "time"."""
+        xkey = "step" if x == "step" else "wall_time"
+        xs, ys = [], []
+        for r in self.metrics:
+            v = r.get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                xs.append(float(r.get(xkey, math.nan)))
+                ys.append(float(v))
+        return xs, ys
+
+    def mean(self, key: str) -> float | None:
+        _, ys = self.series(key)
+        return sum(ys) / len(ys) if ys else None
+
+    def last(self, key: str) -> float | None:
+        _, ys = self.series(key)
+        return ys[-1] if ys else None
+
+
+def load_run(path: str) -> Run:
+    """A run directory, or a FileNotFoundError naming the path and the missing file."""
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is not a run directory: no such directory")
+    for required in (CONFIG_FILE, METRICS_FILE):
+        if not os.path.isfile(os.path.join(path, required)):
+            hint = ""
+            if any(os.path.isfile(os.path.join(path, d, CONFIG_FILE)) for d in safe_listdir(path)):
+                hint = f" (it holds run directories: pass them, e.g. {os.path.join(path, '*')})"
+            raise FileNotFoundError(f"{path} is not a run directory: {required} is missing{hint}")
+    import yaml
+
+    with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
+        try:
+            config = yaml.safe_load(f) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{os.path.join(path, CONFIG_FILE)} is not valid YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{os.path.join(path, CONFIG_FILE)} does not hold a config mapping")
+    summary = read_summary(path)
+    name = config.get("name") or os.path.basename(os.path.normpath(path))
+    return Run(path=path, name=str(name), config=config, metrics=read_metrics(path), summary=summary,
+               done=os.path.exists(os.path.join(path, DONE_FILE)))
+
+
+def safe_listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def load_runs(paths: Sequence[str]) -> list[Run]:
+    if not paths:
+        raise ValueError("give at least one run directory, e.g. repro compare runs/default/*")
+    runs = [load_run(p) for p in paths]
+    # Same run name in two sweeps: tell them apart by the parent folder.
+    names = [r.name for r in runs]
+    for r in runs:
+        if names.count(r.name) > 1:
+            parent = os.path.basename(os.path.dirname(os.path.normpath(os.path.abspath(r.path))))
+            r.name = f"{parent}/{r.name}"
+    return runs
+
+
+# -- the table ---------------------------------------------------------------------------
+def best_and_target(run: Run) -> tuple[float | None, float | None, str]:
+    """(best value of the quality metric, time to target in s, status of the target)."""
+    metric = run.metric
+    if metric is None:
+        return None, None, "no metric"
+    key = f"eval/{metric}"
+    _, values = run.series(key)
+    if run.summary and isinstance(run.summary.get(key), (int, float)):
+        values = values + [float(run.summary[key])]
+    best = (max(values) if run.higher_is_better else min(values)) if values else None
+    target = run.target
+    if run.summary and isinstance(run.summary.get("time_to_target_s"), (int, float)):
+        return best, float(run.summary["time_to_target_s"]), "reached"
+    if target is None:
+        return best, None, "no target"
+    times, vals = run.series(key, "time")
+    for t, v in zip(times, vals):
+        if (v >= target) if run.higher_is_better else (v <= target):
+            return best, t, "reached"
+    return best, None, "not reached" if run.done else "not yet"
+
+
+def table_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
+    """Column headers and raw values (numbers stay numbers; the formatter rounds)."""
+    metrics = {r.metric for r in runs if r.metric}
+    best_header = f"best eval/{next(iter(metrics))}" if len(metrics) == 1 else "best eval metric"
+    with_projected = any(r.series("projected/samples_per_s")[1] for r in runs)
+    target_workers = sorted({r.cfg("cluster.target_workers") for r in runs
+                             if r.cfg("cluster.target_workers") is not None})
+    projected_header = "projected samples/s" + (
+        f" ({target_workers[0]} workers)" if len(target_workers) == 1 else "")
+    headers = ["run", "compressor", "ratio", "workers", "task", "data", "status", "final loss",
+               best_header, "time to target (s)", "samples/s"]
+    if with_projected:
+        headers.append(projected_header)
+    headers += ["k̂/k", "density", "sent/worker/step", "compress (ms)", "comm (ms)"]
+    rows = []
+    for r in runs:
+        best, ttt, status = best_and_target(r)
+        best_cell: Any = best
+        if len(metrics) > 1 and best is not None:
+            best_cell = f"{r.metric}={fmt(best)}"
+        row: list[Any] = [
+            r.name, r.compressor, r.cfg("compressor.ratio"), r.cfg("cluster.workers"), r.task,
+            r.data_source, "done" if r.done else "running/incomplete", r.last("loss"), best_cell,
+            ttt if ttt is not None else status, r.mean("samples_per_s"),
+        ]
+        if with_projected:
+            row.append(r.mean("projected/samples_per_s"))
+        compress, comm = r.mean("compress_s"), r.mean("comm_s")
+        row += [r.mean("estimation_quality"), r.mean("density"), ByteCount(r.mean("bytes_sent")),
+                None if compress is None else compress * 1e3, None if comm is None else comm * 1e3]
+        rows.append(row)
+    return headers, rows
+
+
+class ByteCount:
+    """Bytes, printed with a binary unit."""
+
+    def __init__(self, value: float | None):
+        self.value = value
+
+    def __str__(self) -> str:
+        if self.value is None:
+            return "—"
+        v = float(self.value)
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(v) < 1024 or unit == "GiB":
+                return f"{v:.0f} {unit}" if unit == "B" else f"{v:.2f} {unit}"
+            v /= 1024
+        return f"{v:.2f} GiB"
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return str(value)
+        return f"{value:.4g}"
+    return str(value)
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [list(headers)] + [[fmt(v) for v in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# -- plots -------------------------------------------------------------------------------
+@dataclass
+class Plot:
+    file: str
+    title: str
+
+
+def title_suffix(runs: Sequence[Run]) -> str:
+    """"cifar10_resnet20 (standin data)" for the tasks the plotted runs cover."""
+    parts = []
+    for task, src in dict.fromkeys((r.task, r.data_source) for r in runs):
+        parts.append(f"{task} ({src} data)" if src else task)
+    return ", ".join(parts)
+
+
+def safe_file(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_")
+
+
+class Plotter:
+    def __init__(self, runs: Sequence[Run], out: str):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        self.plt = plt
+        self.runs = runs
+        self.out = out
+        cmap = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
+        self.colors = {r.path: cmap(i % cmap.N) for i, r in enumerate(runs)}
+        self.plots: list[Plot] = []
+        self.skipped: list[str] = []
+
+    def save(self, fig, file: str, title: str) -> None:
+        fig.tight_layout()
+        fig.savefig(os.path.join(self.out, file), dpi=110)
+        self.plt.close(fig)
+        self.plots.append(Plot(file, title))
+
+    def line(self, key: str, x: str, ylabel: str, what: str, *, ref: float | None = None,
+             ref_label: str | None = None, runs: Sequence[Run] | None = None) -> None:
+        """One line per run that logged `key` against step or wall time."""
+        runs = self.runs if runs is None else runs
+        have = [(r, *r.series(key, x)) for r in runs]
+        have = [(r, xs, ys) for r, xs, ys in have if ys]
+        file = f"{safe_file(key)}_vs_{x}.png"
+        if not have:
+            self.skipped.append(f"{file}: no run logged {key!r}")
+            return
+        fig, ax = self.plt.subplots(figsize=(7.5, 4.5))
+        for r, xs, ys in have:
+            ax.plot(xs, ys, label=r.name, color=self.colors[r.path], lw=1.4,
+                    marker="o" if len(xs) <= 20 else None, ms=3)
+        if ref is not None:
+            ax.axhline(ref, color="grey", ls=":", lw=1, label=ref_label)
+        ax.set_xlabel(X_LABELS[x])
+        ax.set_ylabel(ylabel)
+        title = f"{what} vs {X_LABELS[x].split(' (')[0]} — {title_suffix([r for r, _, _ in have])}"
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        self.save(fig, file, title)
+
+    def throughput(self, x: str) -> None:
+        """Measured throughput; projected throughput in its own panel, labelled."""
+        measured = [(r, *r.series("samples_per_s", x)) for r in self.runs]
+        measured = [m for m in measured if m[2]]
+        projected = [(r, *r.series("projected/samples_per_s", x)) for r in self.runs]
+        projected = [p for p in projected if p[2]]
+        file = f"throughput_vs_{x}.png"
+        if not measured and not projected:
+            self.skipped.append(f"{file}: no run logged 'samples_per_s' or 'projected/samples_per_s'")
+            return
+        panels = [(measured, "measured", "samples/s (all workers)")] if measured else []
+        if projected:
+            workers = sorted({r.cfg("cluster.target_workers") for r, _, _ in projected} - {None})
+            on = f" on {workers[0]} workers" if len(workers) == 1 else ""
+            panels.append((projected, f"projected{on} (cost model)", "projected samples/s"))
+        fig, axes = self.plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+        for ax, (series, label, ylabel) in zip(axes[0], panels):
+            style = "--" if label.startswith("projected") else "-"
+            for r, xs, ys in series:
+                name = f"{r.name} (projected)" if style == "--" else r.name
+                ax.plot(xs, ys, style, label=name, color=self.colors[r.path], lw=1.4,
+                        marker="o" if len(xs) <= 20 else None, ms=3)
+            ax.set_xlabel(X_LABELS[x])
+            ax.set_ylabel(ylabel)
+            ax.set_title(f"throughput, {label}", fontsize=10)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize="small")
+        title = f"Throughput — {title_suffix([s[0] for p in panels for s in p[0]])}"
+        fig.suptitle(title, fontsize=11)
+        self.save(fig, file, title)
+
+    def time_breakdown(self) -> None:
+        """Mean per-step time split into compute, compression and communication."""
+        parts = [("compute_s", "compute"), ("compress_s", "compress (encode+decode)"),
+                 ("comm_s", "communication")]
+        runs = [r for r in self.runs if any(r.mean(k) is not None for k, _ in parts)]
+        file = "step_time_breakdown.png"
+        if not runs:
+            self.skipped.append(f"{file}: no run logged 'compute_s', 'compress_s' or 'comm_s'")
+            return
+        import numpy as np
+
+        fig, ax = self.plt.subplots(figsize=(max(6.0, 1.2 * len(runs) + 3), 4.5))
+        bottom = np.zeros(len(runs))
+        for key, label in parts:
+            vals = np.array([(r.mean(key) or 0.0) * 1e3 for r in runs])
+            ax.bar(range(len(runs)), vals, bottom=bottom, label=label)
+            bottom += vals
+        ax.set_xticks(range(len(runs)), [r.name for r in runs], rotation=20, ha="right",
+                      fontsize="small")
+        ax.set_ylabel("mean time per step (ms)")
+        title = f"Step time breakdown (measured) — {title_suffix(runs)}"
+        ax.set_title(title, fontsize=10)
+        ax.set_ylim(0, bottom.max() * 1.3 if bottom.max() > 0 else 1.0)  # room for the legend
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize="small", ncol=3, loc="upper center")
+        self.save(fig, file, title)
+
+
+def make_plots(runs: Sequence[Run], out: str, x: str = "step") -> Plotter:
+    """Loss and quality metric against both step and wall time; the per-step diagnostics
+    (throughput, k̂/k, density, bytes) against `x`."""
+    p = Plotter(runs, out)
+    for axis in ("step", "time"):
+        p.line("loss", axis, "training loss", "Training loss")
+    for metric in dict.fromkeys(r.metric for r in runs if r.metric):
+        runs_m = [r for r in runs if r.metric == metric]
+        targets = {r.target for r in runs_m}
+        ref = next(iter(targets)) if len(targets) == 1 else None
+        for axis in ("step", "time"):
+            p.line(f"eval/{metric}", axis, f"eval {metric}", f"Eval {metric}", ref=ref,
+                   ref_label=None if ref is None else f"target {ref:g}", runs=runs_m)
+    p.throughput(x)
+    p.line("estimation_quality", x, r"$\hat{k}/k$ (selected / target elements)",
+           "Estimation quality", ref=1.0, ref_label=r"$\hat{k} = k$")
+    p.line("density", x, "density |∪ indices| / d", "Actual density of the aggregate")
+    p.line("bytes_sent", x, "bytes sent per worker per step (B)", "Bytes sent")
+    p.time_breakdown()
+    return p
+
+
+# -- output ------------------------------------------------------------------------------
+def write_csv(path: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerow(headers)
+        for row in rows:
+            w.writerow(["" if v is None else (v.value if isinstance(v, ByteCount) else v)
+                        for v in row])
+
+
+def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Sequence[Sequence[Any]],
+               plotter: Plotter) -> None:
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
+    figures = "".join(f'<figure><img src="{e(p.file)}" alt="{e(p.title)}"><figcaption>{e(p.title)}'
+                      f"</figcaption></figure>\n" for p in plotter.plots)
+    skipped = ""
+    if plotter.skipped:
+        items = "".join(f"<li>{e(s)}</li>" for s in plotter.skipped)
+        skipped = f"<h2>Plots not drawn</h2><ul>{items}</ul>"
+    sources = "".join(f"<li><code>{e(r.name)}</code>: <code>{e(os.path.abspath(r.path))}</code></li>"
+                      for r in runs)
+    page = f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>repro compare — {e(title_suffix(runs))}</title>
+<style>
+body {{ font-family: sans-serif; margin: 2em; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
+th {{ background: #f0f0f0; }} td:first-child {{ text-align: left; }}
+figure {{ display: inline-block; margin: 1em; }} img {{ max-width: 100%; }}
+</style></head><body>
+<h1>Run comparison — {e(title_suffix(runs))}</h1>
+<p>Generated {e(time.strftime("%Y-%m-%d %H:%M:%S"))} by <code>repro compare</code>. Means are over
+logged steps; "projected" values come from the cost model, not from a measurement.</p>
+<table><thead><tr>{head}</tr></thead><tbody>
+{body}</tbody></table>
+{figures}{skipped}
+<h2>Runs</h2><ul>{sources}</ul>
+</body></html>
+"""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(page)
+
+
+def compare(paths: Sequence[str], out: str | None = None, x: str = "step", stream=None) -> str:
+    """Print the table, write the plots, table.csv and index.html; return the out folder."""
+    if x not in X_LABELS:
+        raise ValueError(f"x={x!r} is not allowed; choose step or time")
+    stream = sys.stdout if stream is None else stream
+    runs = load_runs(paths)
+    out = out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.makedirs(out, exist_ok=True)
+    headers, rows = table_rows(runs)
+    print(format_table(headers, rows), file=stream)
+    plotter = make_plots(runs, out, x)
+    for s in plotter.skipped:
+        print(f"skipped {s}", file=stream)
+    write_csv(os.path.join(out, "table.csv"), headers, rows)
+    write_html(os.path.join(out, "index.html"), runs, headers, rows, plotter)
+    print(f"wrote {len(plotter.plots)} plots, table.csv and index.html to {out}", file=stream)
+    return out

@@ -1,0 +1,364 @@
+"""Run-directory metrics, W&B on rank 0, progress bars.
+
+A run directory (written by the trainer, read by `repro compare` and the sweeps):
+
+    RUN_DIR/config.yaml     the resolved config the workers read
+    RUN_DIR/metrics.jsonl   one JSON object per logged step: {"step", "wall_time", ...}
+    RUN_DIR/summary.json    final numbers (written atomically at the end)
+    RUN_DIR/checkpoints/    the trainer's checkpoints
+    RUN_DIR/DONE            marker: the run finished (sweeps skip such runs)
+
+Crash safety: every metrics line is flushed and fsynced, so a killed rank loses at most
+the line it was writing. A relaunch from the checkpoint at step N rewrites the file
+keeping only complete lines with step <= N, so the file never holds a step twice or
+misses one. W&B mode comes from WANDB_MODE (default "offline": a machine without an
+account or network still logs, and `wandb sync RUN_DIR/wandb/offline-run-*` uploads later).
+
+Nothing here imports torch: `is_main` looks at torch.distributed only if torch is already
+loaded (it cannot be initialised otherwise), so `repro compare` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CONFIG_FILE = "config.yaml"
+DONE_FILE = "DONE"
+RESERVED_KEYS = ("step", "wall_time")
+
+
+def is_main() -> bool:
+    """True on rank 0, or when torch.distributed is not initialised (one process). The one
+    gate for W&B, files and checkpoints."""
+    torch = sys.modules.get("torch")
+    if torch is None:  # torch never imported: no process group can exist
+        return True
+    dist = torch.distributed
+    if not dist.is_available() or not dist.is_initialized():
+        return True
+    return dist.get_rank() == 0
+
+
+# -- values ------------------------------------------------------------------------------
+def scalar(key: str, value: Any) -> float | int | bool | str | None:
+    """One metric value as JSON: tensors / numpy scalars via .item(), NaN and ±Inf as null
+    (strict JSON has neither)."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if hasattr(value, "item") and not isinstance(value, (int, float)):
+        numel = getattr(value, "numel", None) or getattr(value, "size", None)
+        n = numel() if callable(numel) else numel
+        if n is not None and n != 1:
+            raise TypeError(f"metric {key!r} is a tensor/array of {n} elements; log a scalar "
+                            f"(e.g. its mean or norm)")
+        value = value.item()
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    raise TypeError(f"metric {key!r} has type {type(value).__name__}; log a number, a 1-element "
+                    f"tensor, a string or None")
+
+
+def sanitise(obj: Any) -> Any:
+    """JSON-ready copy of a summary: nested dicts/lists kept, numbers as in `scalar`. Other
+    objects are passed through so json raises on them (write_summary reports it)."""
+    if isinstance(obj, Mapping):
+        return {str(k): sanitise(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [sanitise(v) for v in obj]
+    try:
+        return scalar("summary", obj)
+    except TypeError:
+        return obj
+
+
+def atomic_write_text(path: str, write) -> None:
+    """Run write(file) into a temp file beside `path`, fsync, then os.replace: readers see
+    the old file or the new one, never a half-written one. The temp file is removed on
+    failure."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+# -- metrics.jsonl -----------------------------------------------------------------------
+def parse_metrics(path: str) -> tuple[list[dict[str, Any]], bool]:
+    """(complete records, whether a torn last line was dropped). A bad line anywhere but
+    last is corruption, not a crash mid-write, and raises."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    records: list[dict[str, Any]] = []
+    torn = False
+    for i, line in enumerate(lines):
+        last = i == len(lines) - 1
+        try:
+            rec = json.loads(line)
+            if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
+                raise ValueError("not a metrics record")
+        except ValueError as exc:
+            if last:
+                torn = True  # the line a killed writer did not finish
+                break
+            raise ValueError(f"{path}:{i + 1}: corrupt metrics line ({exc}); only the last line "
+                             f"may be incomplete") from None
+        records.append(rec)
+    return records, torn
+
+
+def read_metrics(run_dir: str) -> list[dict[str, Any]]:
+    """Records of RUN_DIR/metrics.jsonl in file order (a torn last line is skipped)."""
+    path = os.path.join(run_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{run_dir} is not a run directory: {METRICS_FILE} is missing")
+    return parse_metrics(path)[0]
+
+
+def read_summary(run_dir: str) -> dict[str, Any] | None:
+    """RUN_DIR/summary.json, or None while the run has not finished."""
+    path = os.path.join(run_dir, SUMMARY_FILE)
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+class MetricsWriter:
+    """Appends one JSON line per logged step to RUN_DIR/metrics.jsonl (rank 0 only).
+
+    resume_step=None starts a fresh file (a relaunch without a checkpoint restarts from
+    step 0, so old lines would repeat). resume_step=N (relaunch after the checkpoint
+    taken once step N was logged) keeps the complete lines with step <= N and drops the
+    rest, and wall_time continues from the last kept line (or from `wall_offset`, e.g. the
+    checkpoint's own clock, if given), so time keeps increasing across relaunches.
+    """
+
+    def __init__(self, run_dir: str, resume_step: int | None = None, *,
+                 wall_offset: float | None = None):
+        bad_type = isinstance(resume_step, bool) or not isinstance(resume_step, int)
+        if resume_step is not None and (bad_type or resume_step < -1):
+            raise ValueError(f"resume_step={resume_step!r} must be a step number >= -1 (the last "
+                             f"step the checkpoint covers) or None for a fresh run")
+        os.makedirs(run_dir, exist_ok=True)
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, METRICS_FILE)
+        kept: list[dict[str, Any]] = []
+        if resume_step is not None and os.path.exists(self.path):
+            records, _ = parse_metrics(self.path)
+            kept = [r for r in records if r["step"] <= resume_step]
+        # Rewritten even when nothing changes: also truncates a fresh run's stale file.
+        atomic_write_text(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
+        if wall_offset is None:
+            times = [r["wall_time"] for r in kept if isinstance(r.get("wall_time"), (int, float))]
+            wall_offset = max(times, default=0.0)
+        self.wall_offset = float(wall_offset)
+        self.last_step = max((r["step"] for r in kept), default=None)
+        self.t0 = time.perf_counter()
+        self.file = open(self.path, "a", encoding="utf-8")
+
+    def wall_time(self) -> float:
+        return self.wall_offset + (time.perf_counter() - self.t0)
+
+    def log(self, step: int, **metrics: Any) -> None:
+        if self.file is None:
+            raise ValueError(f"MetricsWriter for {self.run_dir} is closed")
+        if isinstance(step, bool) or not isinstance(step, int):
+            if hasattr(step, "item"):
+                step = int(step.item())
+            else:
+                raise TypeError(f"step={step!r} must be an int")
+        for key in RESERVED_KEYS:
+            if key in metrics:
+                raise ValueError(f"metric name {key!r} is reserved (the writer sets it); rename it")
+        record: dict[str, Any] = {"step": step, "wall_time": self.wall_time()}
+        record.update({k: scalar(k, v) for k, v in metrics.items()})
+        # One write call per line, then flush + fsync: a kill loses at most this line.
+        self.file.write(json.dumps(record, allow_nan=False) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.last_step = step
+
+    def write_summary(self, summary: Mapping[str, Any]) -> None:
+        write_summary(self.run_dir, summary)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def write_summary(run_dir: str, summary: Mapping[str, Any]) -> None:
+    """RUN_DIR/summary.json, atomically: a failure leaves the previous summary intact."""
+    clean = sanitise(summary)
+
+    def dump(f) -> None:
+        try:
+            json.dump(clean, f, indent=2, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"summary for {run_dir} is not JSON-serialisable ({exc}); use "
+                            f"numbers, strings, None, lists and dicts") from exc
+        f.write("\n")
+
+    atomic_write_text(os.path.join(run_dir, SUMMARY_FILE), dump)
+
+
+# -- W&B ---------------------------------------------------------------------------------
+def notice(msg: str) -> None:
+    print(f"repro: {msg}", file=sys.stderr, flush=True)
+
+
+class WandbLogger:
+    """W&B run on rank 0; a no-op elsewhere, when disabled, when WANDB_MODE=disabled, or
+    when wandb cannot be imported or started (one message says which and why).
+
+    The mode is WANDB_MODE's (set to "offline" here when unset; never passed as mode=, so
+    the environment always wins). Files go under RUN_DIR/wandb/. The W&B run id is kept in
+    RUN_DIR/wandb/run_id so a relaunch after a crash resumes the same W&B run.
+    """
+
+    def __init__(self, config: Mapping[str, Any], project: str, group: str | None, name: str,
+                 run_dir: str, enabled: bool = True):
+        self.run = None
+        if not enabled or not is_main():
+            return
+        os.environ.setdefault("WANDB_MODE", "offline")
+        mode = os.environ["WANDB_MODE"]
+        if mode == "disabled":
+            notice("W&B logging is off (WANDB_MODE=disabled); metrics still go to "
+                   f"{os.path.join(run_dir, METRICS_FILE)}")
+            return
+        try:
+            import wandb
+        except ImportError as exc:
+            notice(f"W&B logging is off: wandb cannot be imported ({exc}); `pip install wandb` "
+                   f"to enable it. Metrics still go to {os.path.join(run_dir, METRICS_FILE)}")
+            return
+        wandb_dir = os.path.join(run_dir, "wandb")
+        os.makedirs(wandb_dir, exist_ok=True)
+        run_id = self.run_id(wandb_dir)
+        try:
+            self.run = wandb.init(
+                project=project, group=group, name=name, dir=run_dir, id=run_id, resume="allow",
+                config=dict(config),
+            )
+        except Exception as exc:  # noqa: BLE001 -- logging must not kill a training run
+            notice(f"W&B logging is off: wandb.init failed in WANDB_MODE={mode} ({exc}); run "
+                   f"`wandb login` or set WANDB_MODE=offline. Metrics still go to "
+                   f"{os.path.join(run_dir, METRICS_FILE)}")
+            self.run = None
+
+    @staticmethod
+    def run_id(wandb_dir: str) -> str:
+        path = os.path.join(wandb_dir, "run_id")
+        if os.path.exists(path):
+            with open(path) as f:
+                existing = f.read().strip()
+            if existing:
+                return existing
+        new = secrets.token_hex(4)
+        atomic_write_text(path, lambda f: f.write(new + "\n"))
+        return new
+
+    @property
+    def active(self) -> bool:
+        return self.run is not None
+
+    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+        if self.run is None:
+            return
+        values = {k: scalar(k, v) for k, v in metrics.items()}
+        self.run.log({k: v for k, v in values.items() if v is not None}, step=int(step))
+
+    def finish(self) -> None:
+        if self.run is not None:
+            self.run.finish()
+            self.run = None
+
+
+# -- progress and names ------------------------------------------------------------------
+def progress(iterable_or_total: Iterable[Any] | int, desc: str | None = None, enabled: bool = True):
+    """A tqdm bar on rank 0 (iterate it, or call .update(n) when given a total); on other
+    ranks or with enabled=False the same object with the bar switched off."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        if isinstance(iterable_or_total, int):
+            return NullBar()
+        return iterable_or_total
+    disable = not (enabled and is_main())
+    if isinstance(iterable_or_total, int):
+        return tqdm(total=iterable_or_total, desc=desc, disable=disable, dynamic_ncols=True)
+    return tqdm(iterable_or_total, desc=desc, disable=disable, dynamic_ncols=True)
+
+
+class NullBar:
+    """Stand-in for a manual tqdm bar when tqdm is missing."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
+
+
+def run_name(compressor: str, task: str, ratio: float | None, workers: int,
+             extra: str | Mapping[str, Any] | Iterable[Any] | None = None) -> str:
+    """Deterministic, filesystem-safe run name: "topk-r0.01-w2-cifar10_resnet20[-extra]".
+    `extra` is a string, a mapping (appended as sorted key=value) or a sequence."""
+    if not compressor or not task:
+        raise ValueError("run_name needs a compressor name and a task name")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers={workers!r} must be an integer >= 1")
+    parts = [str(compressor)]
+    if ratio is not None:
+        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
+            raise ValueError(f"ratio={ratio!r} must be a number or None")
+        parts.append(f"r{float(ratio):g}")
+    parts += [f"w{workers}", str(task)]
+    if extra is not None:
+        if isinstance(extra, str):
+            parts.append(extra)
+        elif isinstance(extra, Mapping):
+            items = sorted(extra.items())
+            parts += [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in items]
+        else:
+            parts += [str(e) for e in extra]
+    name = "-".join(_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)
+    return name

@@ -1,0 +1,178 @@
+"""`repro compare`: table, PNG plots and index.html from synthetic run directories written
+with the real MetricsWriter (repro/compare.py, repro/commands/compare.py)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+
+from repro import compare as cmp
+from repro.cli import main
+from repro.logging import MetricsWriter, read_metrics
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+STEPS = 12
+
+
+def make_run(root, name, compressor, ratio, *, sparse: bool, speed: float, acc_gain: float,
+             summary_ttt: bool, done: bool = True) -> str:
+    """A run directory as the trainer writes it: config.yaml, metrics.jsonl, summary, DONE."""
+    run = os.path.join(root, name)
+    os.makedirs(run)
+    config = {
+        "compressor": {"name": compressor, "ratio": ratio},
+        "task": {"name": "cifar10_resnet20", "size": "smoke", "data": "standin"},
+        "cluster": {"workers": 2, "mode": "simulated", "target_workers": 16},
+        "seed": 0, "steps": STEPS, "group": "g", "name": None,
+    }
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        yaml.safe_dump(config, f)
+    w = MetricsWriter(run)
+    accuracy = []
+    for s in range(STEPS):
+        m = {"loss": 2.5 - 0.1 * s * (1 + acc_gain), "lr": 0.1, "samples_per_s": speed + s,
+             "projected/samples_per_s": 8 * speed + s, "step_s": 0.05, "compute_s": 0.03,
+             "compress_s": 0.004 if sparse else 0.0, "comm_s": 0.01 + 0.001 * s,
+             "bytes_sent": 1000.0 + s if sparse else 272474.0 * 4}
+        if sparse:
+            m["estimation_quality"] = 0.9 + 0.01 * s
+        if s % 4 == 3:
+            m["eval/accuracy"] = 0.1 + acc_gain * s
+            accuracy.append(m["eval/accuracy"])
+        w.log(s, **m)
+    summary = {"steps": STEPS, "metric": "accuracy", "target": 0.5, "data_source": "CIFAR-10 stand-in",
+               "eval/accuracy": accuracy[-1]}
+    if summary_ttt:
+        summary["time_to_target_s"] = 123.0
+    w.log(STEPS - 1, **{"eval/accuracy": accuracy[-1]})  # the final evaluation line
+    w.write_summary(summary)
+    w.close()
+    if done:
+        with open(os.path.join(run, "DONE"), "w") as f:
+            f.write(f"{STEPS}\n")
+    return run
+
+
+@pytest.fixture
+def runs(tmp_path):
+    root = tmp_path / "runs"
+    a = make_run(str(root), "topk-r0.01-w2-cifar10_resnet20", "topk", 0.01, sparse=True, speed=100.0,
+                 acc_gain=0.05, summary_ttt=False)
+    b = make_run(str(root), "none-w2-cifar10_resnet20", "none", None, sparse=False, speed=60.0,
+                 acc_gain=0.01, summary_ttt=False, done=False)
+    return a, b
+
+
+def mean(run, key):
+    vals = [r[key] for r in read_metrics(run) if r.get(key) is not None]
+    return sum(vals) / len(vals)
+
+
+def test_compare_prints_table_and_writes_plots_and_html(runs, tmp_path, capsys):
+    a, b = runs
+    out = str(tmp_path / "cmp")
+    assert main(["compare", a, b, "--out", out]) == 0
+    text = capsys.readouterr().out
+    lines = text.splitlines()
+    header = lines[0]
+    for col in ("run", "compressor", "ratio", "workers", "task", "final loss", "best eval/accuracy",
+                "time to target (s)", "samples/s", "projected samples/s (16 workers)", "k̂/k", "density",
+                "sent/worker/step", "compress (ms)", "comm (ms)"):
+        assert col in header, col
+    row_a = next(line for line in lines if line.startswith("topk-r0.01"))
+    row_b = next(line for line in lines if line.startswith("none-w2"))
+    records_a = read_metrics(a)
+    # Values the table must show, computed here from what the run logged.
+    final_loss_a = [r["loss"] for r in records_a if "loss" in r][-1]
+    best_a = max(r["eval/accuracy"] for r in records_a if "eval/accuracy" in r)
+    first_hit = next(r["wall_time"] for r in records_a if r.get("eval/accuracy", 0) >= 0.5)
+    for value in (final_loss_a, best_a, first_hit, mean(a, "samples_per_s"),
+                  mean(a, "projected/samples_per_s"), mean(a, "estimation_quality"),
+                  mean(a, "compress_s") * 1e3, mean(a, "comm_s") * 1e3):
+        assert cmp.fmt(value) in row_a.split(), (value, row_a)
+    assert "1006 B" in row_a  # mean bytes sent per worker per step: 1000 + mean(0..11) = 1005.5
+    assert "1.04 MiB" in row_b  # dense fp32 of 272474 elements
+    assert "not yet" in row_b  # no DONE marker, target 0.5 not reached
+    assert "running/incomplete" in row_b and " done " in row_a
+    # Nothing logged density: the plot is skipped and the output says so.
+    assert "skipped density_vs_step.png: no run logged 'density'" in text
+    expected = ["loss_vs_step.png", "loss_vs_time.png", "eval_accuracy_vs_step.png",
+                "eval_accuracy_vs_time.png", "throughput_vs_step.png", "estimation_quality_vs_step.png",
+                "bytes_sent_vs_step.png", "step_time_breakdown.png"]
+    html = open(os.path.join(out, "index.html"), encoding="utf-8").read()
+    for name in expected:
+        path = os.path.join(out, name)
+        with open(path, "rb") as f:
+            head = f.read(8)
+        assert head == PNG_MAGIC and os.path.getsize(path) > 5000, name
+        assert f'src="{name}"' in html
+    assert not os.path.exists(os.path.join(out, "density_vs_step.png"))
+    assert "topk-r0.01-w2-cifar10_resnet20" in html and "none-w2-cifar10_resnet20" in html
+    assert "projected samples/s" in html and "no run logged &#x27;density&#x27;" in html
+    assert os.path.getsize(os.path.join(out, "table.csv")) > 0
+
+
+def test_time_to_target_prefers_summary_and_reports_not_reached(tmp_path):
+    root = str(tmp_path)
+    hit = make_run(root, "hit", "topk", 0.01, sparse=True, speed=1.0, acc_gain=0.05, summary_ttt=True)
+    miss = make_run(root, "miss", "topk", 0.01, sparse=True, speed=1.0, acc_gain=0.01, summary_ttt=False)
+    r_hit, r_miss = cmp.load_runs([hit, miss])
+    best, ttt, status = cmp.best_and_target(r_hit)
+    assert (ttt, status) == (123.0, "reached")
+    best, ttt, status = cmp.best_and_target(r_miss)
+    assert ttt is None and status == "not reached"
+    assert best == pytest.approx(max(r["eval/accuracy"] for r in read_metrics(miss) if "eval/accuracy" in r))
+    assert r_hit.data_source == "CIFAR-10 stand-in" and r_hit.metric == "accuracy"
+
+
+def test_lower_is_better_metric_picks_the_minimum(tmp_path):
+    run = os.path.join(tmp_path, "lm")
+    os.makedirs(run)
+    with open(os.path.join(run, "config.yaml"), "w") as f:
+        yaml.safe_dump({"compressor": {"name": "dgc"}, "task": {"name": "ptb", "metric": "perplexity",
+                                                                "target": 150.0}}, f)
+    with MetricsWriter(run) as w:
+        for s, ppl in enumerate([400.0, 180.0, 140.0, 160.0]):
+            w.log(s, **{"loss": 5.0, "eval/perplexity": ppl})
+    (r,) = cmp.load_runs([run])
+    best, ttt, status = cmp.best_and_target(r)
+    assert best == 140.0 and status == "reached"
+    assert ttt == read_metrics(run)[2]["wall_time"]
+
+
+def test_x_time_plots_diagnostics_against_wall_time(runs, tmp_path, capsys):
+    out = str(tmp_path / "cmp_time")
+    assert main(["compare", *runs, "--out", out, "--x", "time"]) == 0
+    capsys.readouterr()
+    for name in ("throughput_vs_time.png", "estimation_quality_vs_time.png", "loss_vs_step.png"):
+        assert os.path.getsize(os.path.join(out, name)) > 5000
+    assert not os.path.exists(os.path.join(out, "throughput_vs_step.png"))
+
+
+def test_default_out_folder_is_timestamped(runs, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", runs[0]]) == 0
+    capsys.readouterr()
+    (folder,) = [d for d in os.listdir(tmp_path) if d.startswith("compare-")]
+    assert os.path.exists(os.path.join(tmp_path, folder, "index.html"))
+
+
+def test_bad_paths_exit_2_naming_path_and_missing_file(runs, tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    assert main(["compare", runs[0], missing, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and missing in err and "no such directory" in err
+
+    half = tmp_path / "half"
+    half.mkdir()
+    (half / "config.yaml").write_text("compressor: {name: topk}\n")
+    assert main(["compare", str(half)]) == 2
+    err = capsys.readouterr().err
+    assert str(half) in err and "metrics.jsonl is missing" in err
+
+    group = os.path.dirname(runs[0])  # a sweep folder, not a run
+    assert main(["compare", group]) == 2
+    err = capsys.readouterr().err
+    assert "config.yaml is missing" in err and "pass them" in err
