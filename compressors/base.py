@@ -33,6 +33,7 @@ class Pattern(str, enum.Enum):
 
     DENSE_ALLREDUCE = "dense-allreduce"
     SPARSE_ALLGATHER = "sparse-allgather"
+    DENSE_ALLGATHER = "dense-allgather"  # quantised payloads of every element (QSGD, signs)
     INDEX_ALLGATHER_VALUE_ALLREDUCE = "allgather-indices+allreduce-values"
     LEADER_BROADCAST = "broadcast-from-leader"
     INTEGER_SUM = "homomorphic-integer-sum"

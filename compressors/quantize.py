@@ -32,9 +32,8 @@ from compressors.base import (
 from compressors.requests import AllGather, AllReduce
 from compressors.registry import register
 
-# The payloads below are dense and allgathered. Pattern has no dense-allgather member
-# yet; SPARSE_ALLGATHER is the one with the same collective and cost ((W-1)·bytes).
-ALLGATHER = Pattern.SPARSE_ALLGATHER
+# The payloads below cover every element (packed) and are allgathered.
+ALLGATHER = Pattern.DENSE_ALLGATHER
 
 _BIT_WEIGHTS: dict[str, torch.Tensor] = {}  # by device: 128, 64, ..., 1
 _SIGN_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}

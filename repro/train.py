@@ -56,7 +56,8 @@ def projected_comm_s(records: list[StepRecord], pattern: Pattern, network: Netwo
         dense += network.allreduce_s(dense_bytes)
         if not r.compressed:
             comm += network.allreduce_s(r.bytes_sent)
-        elif pattern in (Pattern.SPARSE_ALLGATHER, Pattern.INDEX_ALLGATHER_VALUE_ALLREDUCE):
+        elif pattern in (Pattern.SPARSE_ALLGATHER, Pattern.DENSE_ALLGATHER,
+                         Pattern.INDEX_ALLGATHER_VALUE_ALLREDUCE):
             comm += network.allgather_s(r.bytes_sent)
         else:
             comm += network.allreduce_s(r.bytes_sent)
@@ -223,7 +224,8 @@ class Trainer:
         writer = wandb = None
         if self.is_main:
             os.makedirs(self.ckpt_dir, exist_ok=True)
-            writer = MetricsWriter(self.run_dir, resume_step=(self.step - 1) if resumed else None)
+            writer = MetricsWriter(self.run_dir, resume_step=(self.step - 1) if resumed else None,
+                                   wall_offset=self.wall_offset if resumed else None)
             if cfg.logger.wandb:
                 from omegaconf import OmegaConf
 
@@ -268,6 +270,7 @@ class Trainer:
         summary = {
             "steps": self.step, "wall_time_s": self.wall_offset + time.perf_counter() - self.t_start,
             "metric": self.task.metric, "target": self.task.target,
+            "higher_is_better": self.task.higher_is_better,
             "data_source": self.task.data_source, **final, **self.best,
         }
         if self.is_main:
