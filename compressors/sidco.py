@@ -1,0 +1,279 @@
+"""SIDCo (Abdelmoniem et al., MLSys 2021): threshold sparsification from a fitted
+sparsity-inducing distribution, multi-stage peak-over-threshold fitting, and adaptive
+stage count (sidco.txt, Algorithm 1, Section 2.4, Appendix B.3).
+
+Per step, on a = |acc| / ||acc||₂:
+  stage 1   fit the chosen distribution to all of a and take its (1 − δ₁) quantile η₁;
+  stage m   fit the exceedances over η_{m−1} (shifted by η_{m−1}) and take their
+            (1 − δ_m) quantile: η_m = η_{m−1} + F⁻¹(1 − δ_m);
+  select    {i : a_i ≥ η_M} on the full tensor, in one pass.
+With M stages, δ₁ = first_stage_ratio and δ_m = (δ/δ₁)^(1/(M−1)), so ∏ δ_m = δ; one stage
+(δ₁ unused) when M = 1 or δ ≥ δ₁. Only the survivors of a stage feed the next: after the
+first they are a fraction δ₁ of the tensor, then fewer.
+
+Every Q = adapt_interval steps the mean k̂/k of those steps moves M (per tensor, per
+worker, kept in ctx.state): above 1 + ε_H → M − 1, below 1 − ε_L → M + 1, clamped to
+[1, max_stages] (Algorithm 1, Adapt_Stages).
+
+Fits (all scale-equivariant, so thresholds on a and on |acc| differ only by the norm):
+  exponential   η = t + mean(y)·ln(1/δ)                        y = exceedances − t
+  gen. Pareto   α = ½(1 − μ²/σ²), β = ½μ(μ²/σ² + 1) (moment matching on y; σ² is the
+                variance, as Appendix B.3 derives — Algorithm 1 misprints σ),
+                η = t + (β/α)(δ^(−α) − 1), the exponential limit as α → 0
+  gamma         s = ln mean(a) − mean(ln a), α = (3 − s + √((s − 3)² + 24s)) / (12s),
+                β = mean(a)/α, η = β·P⁻¹(α, 1 − δ) with the exact inverse regularised
+                incomplete gamma (scipy, on two scalars; Eq. 14, not the α ≤ 1 bound 15)
+Variants: sidco_e (exponential, then exponential), sidco_gp (GP, then GP), sidco_p
+(gamma first stage, then GP).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import torch
+
+from compressors.base import Context
+from compressors.registry import register
+from compressors.threshold import (
+    ThresholdSparsifier,
+    check_finite_range,
+    check_positive_int,
+    empty_indices,
+    magnitudes,
+    mean_and_variance,
+    nonzero_indices,
+    rescale_for_moments,
+)
+
+# Below this coefficient of variation (σ²/μ² < 1e-10) data are numerically constant for
+# float32 statistics: the GP fit's limit is a point mass, whose every quantile is the point.
+_POINT_MASS_CV2 = 1e-10
+# Gamma fit: s = ln mean − mean ln is ≥ 0 (Jensen) and 0 only for constant data; below this
+# it is float32 rounding noise of the log-mean, and the fit's limit is again a point mass.
+_POINT_MASS_S = 1e-6
+
+
+def default_max_stages(ratio: float) -> int:
+    """⌈log₂(1/δ)⌉ (at least 1), the clamp of the authors' code: with more stages the later
+    per-stage ratios exceed ~½, each stage's fit moves the threshold little while its
+    estimation noise still adds up. δ = 0.001 → 10, 0.01 → 7, 0.1 → 4."""
+    return max(1, math.ceil(math.log2(1.0 / ratio) - 1e-9))
+
+
+def default_initial_stages(ratio: float, first_stage_ratio: float) -> int:
+    """1 + ⌈ln(δ/δ₁)/ln δ₁⌉ stages (1 when δ ≥ δ₁): each stage then keeps about a fraction
+    δ₁ of its input, as the authors' automatic mode (stages=0) does. δ₁ = 0.25:
+    δ = 0.001 → 5, 0.01 → 4, 0.1 → 2."""
+    if ratio >= first_stage_ratio:
+        return 1
+    return 1 + math.ceil(math.log(ratio / first_stage_ratio) / math.log(first_stage_ratio) - 1e-9)
+
+
+def stage_ratios(ratio: float, first_stage_ratio: float, stages: int) -> list[float]:
+    """δ_1..δ_M with ∏ δ_m = δ: [δ] for one stage, else [δ₁, r, ..., r], r = (δ/δ₁)^(1/(M−1))."""
+    if stages <= 1 or ratio >= first_stage_ratio:
+        return [ratio]
+    later = (ratio / first_stage_ratio) ** (1.0 / (stages - 1))
+    return [first_stage_ratio] + [later] * (stages - 1)
+
+
+def exponential_quantile(mean_excess: float, ratio: float) -> float:
+    """(1 − δ) quantile of an exponential with mean `mean_excess` (Corollaries 1.1, 2.1)."""
+    return mean_excess * -math.log(ratio)
+
+
+def gpareto_parameters(mean: float, var: float) -> tuple[float, float]:
+    """Moment-matched GP shape α and scale β (Eq. 8–9 / 35) from the mean and variance of
+    the exceedances; requires var > 0."""
+    r = mean * mean / var
+    return 0.5 * (1.0 - r), 0.5 * mean * (r + 1.0)
+
+
+def gpareto_quantile(alpha: float, beta: float, ratio: float) -> float:
+    """(1 − δ) quantile of GP(α, β) at location 0: (β/α)(δ^(−α) − 1) (Eq. 7 / 28), written
+    with expm1 so it tends smoothly to the exponential β·ln(1/δ) as α → 0."""
+    x = -alpha * math.log(ratio)
+    if abs(alpha) < 1e-12:
+        return beta * -math.log(ratio)
+    return beta * math.expm1(x) / alpha
+
+
+def gamma_parameters(mean: float, mean_log: float) -> tuple[float, float]:
+    """Shape α (Minka's closed-form approximation of the MLE, Eq. 16) and scale β = mean/α
+    from the mean and the mean log of positive data; requires s = ln mean − mean_log > 0."""
+    s = math.log(mean) - mean_log
+    alpha = (3.0 - s + math.sqrt((s - 3.0) ** 2 + 24.0 * s)) / (12.0 * s)
+    return alpha, mean / alpha
+
+
+def gamma_quantile(alpha: float, beta: float, ratio: float) -> float:
+    """(1 − δ) quantile of Gamma(α, scale β): β·P⁻¹(α, 1 − δ) (Eq. 14), computed as the
+    inverse of the upper regularised incomplete gamma at δ (the same number, without the
+    rounding of 1 − δ for small δ)."""
+    from scipy.special import gammainccinv  # lazy: `import compressors` stays light
+
+    return beta * float(gammainccinv(alpha, ratio))
+
+
+class _SIDCo(ThresholdSparsifier):
+    """Multi-stage SIDCo; subclasses choose the first-stage and later-stage fits."""
+
+    first_fit: ClassVar[str]
+    later_fit: ClassVar[str]
+
+    def __init__(
+        self,
+        ratio: float = 0.01,
+        first_stage_ratio: float = 0.25,
+        adaptive: bool = True,
+        adapt_interval: int = 5,
+        eps_high: float = 0.2,
+        eps_low: float = 0.2,
+        max_stages: int | None = None,
+        initial_stages: int | None = None,
+    ):
+        super().__init__(ratio)
+        self.first_stage_ratio = check_finite_range(
+            first_stage_ratio, "first_stage_ratio", 0.0, 1.0, low_open=True, high_open=True,
+            hint="δ₁ is the fraction the first stage keeps (paper: 0.25)")
+        if not isinstance(adaptive, bool):
+            raise ValueError(f"adaptive={adaptive!r} must be True or False")
+        self.adaptive = adaptive
+        self.adapt_interval = check_positive_int(adapt_interval, "adapt_interval")
+        tolerance = "the tolerance ε of Eq. 12 satisfies 0 ≤ ε < 1"
+        self.eps_high = check_finite_range(eps_high, "eps_high", 0.0, 1.0, low_open=False,
+                                           high_open=True, hint=tolerance)
+        self.eps_low = check_finite_range(eps_low, "eps_low", 0.0, 1.0, low_open=False,
+                                          high_open=True, hint=tolerance)
+        if max_stages is None:
+            max_stages = default_max_stages(self.ratio)
+        self.max_stages = check_positive_int(max_stages, "max_stages")
+        if initial_stages is None:
+            initial_stages = min(default_initial_stages(self.ratio, self.first_stage_ratio),
+                                 self.max_stages)
+        self.initial_stages = check_positive_int(initial_stages, "initial_stages")
+        if self.initial_stages > self.max_stages:
+            raise ValueError(
+                f"initial_stages={initial_stages} exceeds max_stages={self.max_stages}; "
+                "raise max_stages or start with fewer stages")
+
+    # -- one stage's threshold --------------------------------------------------------
+
+    def _first_threshold(self, mag: torch.Tensor, mean: float, ratio: float) -> float:
+        """Stage 1: fit all of the magnitudes (location 0)."""
+        if self.first_fit == "exponential":
+            return exponential_quantile(mean, ratio)
+        if self.first_fit == "gpareto":
+            mean, var = mean_and_variance(mag, mean)
+            return self._gpareto_threshold(mag, 0.0, mean, var, ratio)
+        return self._gamma_threshold(mag, mean, ratio)
+
+    def _later_threshold(self, pool: torch.Tensor, t: float, ratio: float) -> float:
+        """Stage m ≥ 2: fit the exceedances y = pool − t of the previous threshold t."""
+        if self.later_fit == "exponential":
+            return t + exponential_quantile(float(pool.sum()) / pool.numel() - t, ratio)
+        # Shifted first: the exceedances' variance is then not a small difference of
+        # large second moments.
+        mean, var = mean_and_variance(pool - t)
+        return self._gpareto_threshold(pool, t, mean, var, ratio)
+
+    @staticmethod
+    def _gpareto_threshold(pool: torch.Tensor, t: float, mean: float, var: float,
+                           ratio: float) -> float:
+        if not var > _POINT_MASS_CV2 * mean * mean:
+            # Point mass (all exceedances equal): the GP limit puts every quantile at the
+            # point; take the smallest element so ties are kept despite rounding.
+            return float(pool.min())
+        alpha, beta = gpareto_parameters(mean, var)
+        return t + gpareto_quantile(alpha, beta, ratio)
+
+    @staticmethod
+    def _gamma_threshold(mag: torch.Tensor, mean: float, ratio: float) -> float:
+        # The gamma model lives on (0, ∞): exact zeros are left out of the fit and the
+        # quantile is taken at the ratio that, among the nonzeros, keeps δ·d elements.
+        numel = mag.numel()
+        nonzeros = int(torch.count_nonzero(mag))
+        if nonzeros == numel:
+            mean_pos = mean
+            mean_log = float(mag.log().mean())
+        else:
+            mean_pos = mean * numel / nonzeros
+            mean_log = float(torch.where(mag > 0, mag, 1.0).log_().sum()) / nonzeros
+        ratio_pos = ratio * numel / nonzeros
+        s = math.log(mean_pos) - mean_log
+        if ratio_pos >= 1.0 or not s > _POINT_MASS_S:
+            # Keep every nonzero: the ratio asks for at least all of them, or they are
+            # (numerically) one value, where the fit's limit is a point mass.
+            return float(torch.where(mag > 0, mag, math.inf).min())
+        alpha, beta = gamma_parameters(mean_pos, mean_log)
+        return gamma_quantile(alpha, beta, ratio_pos)
+
+    # -- the step ---------------------------------------------------------------------
+
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        state = ctx.state
+        stages = state.setdefault("stages", self.initial_stages)
+        ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
+        mag = magnitudes(acc)
+        mean = float(mag.sum()) / mag.numel()
+        if mean == 0.0:  # all zero: nothing to send, and no information for adaptation
+            self.report(ctx, stages=len(ratios), threshold=0.0)
+            return empty_indices(acc.device)
+        # a = |acc|/||acc||₂ in the paper; every fit is scale-equivariant, so the fits run
+        # on |acc| (rescaled only where float32 second moments would under/overflow) and
+        # the threshold is converted back to |acc| units for the report.
+        scale, mean = rescale_for_moments(mag, mean)
+        threshold = self._first_threshold(mag, mean, ratios[0])
+        pool = mag
+        for ratio in ratios[1:]:
+            pool = pool[pool > threshold]
+            if pool.numel() == 0:  # nothing exceeds: later stages have nothing to fit
+                break
+            threshold = self._later_threshold(pool, threshold, ratio)
+        indices = nonzero_indices(mag >= threshold)
+        self.report(ctx, stages=len(ratios), threshold=threshold * scale)
+        if self.adaptive and self.ratio < self.first_stage_ratio:
+            self._adapt(state, indices.numel() / k)
+        return indices
+
+    def _adapt(self, state: dict, quality: float) -> None:
+        """Adapt_Stages of Algorithm 1 on the mean k̂/k of the last adapt_interval steps."""
+        state["quality_sum"] = state.get("quality_sum", 0.0) + quality
+        state["quality_steps"] = state.get("quality_steps", 0) + 1
+        if state["quality_steps"] < self.adapt_interval:
+            return
+        average = state["quality_sum"] / state["quality_steps"]
+        stages = state["stages"]
+        if average > 1.0 + self.eps_high:
+            stages -= 1
+        elif average < 1.0 - self.eps_low:
+            stages += 1
+        state["stages"] = min(max(stages, 1), self.max_stages)
+        state["quality_sum"] = 0.0
+        state["quality_steps"] = 0
+
+
+@register("sidco_e")
+class SIDCoExponential(_SIDCo):
+    """SIDCo-E: multi-stage exponential (double-exponential gradients; |g| ~ Exp)."""
+
+    first_fit = "exponential"
+    later_fit = "exponential"
+
+
+@register("sidco_gp")
+class SIDCoGeneralizedPareto(_SIDCo):
+    """SIDCo-GP: multi-stage generalized Pareto (heavy, polynomial tails)."""
+
+    first_fit = "gpareto"
+    later_fit = "gpareto"
+
+
+@register("sidco_p")
+class SIDCoGammaPareto(_SIDCo):
+    """SIDCo-P: gamma first stage, generalized Pareto on the exceedances after it."""
+
+    first_fit = "gamma"
+    later_fit = "gpareto"

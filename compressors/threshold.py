@@ -1,0 +1,288 @@
+"""Threshold sparsifiers: select {i : |acc_i| ≥ t} for a threshold t that is either fixed
+(hard_threshold) or estimated each step from cheap statistics of |acc| (gaussianksgd,
+redsync, mstopk; SIDCo's fits live in compressors/sidco.py and share the base here).
+
+All of them cost a few linear passes: |acc| is computed once (float32 for 16-bit
+inputs), candidate thresholds are scored by counting reductions, nothing is sorted, and
+indices are materialised once at the end with nonzero. Unlike Top-k, the number selected,
+k̂, varies around the target k; how far is what the SIDCo paper's Figure 1(c) measures
+and what Outcome.selected / Outcome.target record.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+from typing import Any
+
+import torch
+
+from compressors.base import Context, Protocol, Sparsifier
+from compressors.registry import register
+
+# ctx.state key under which `select` leaves this step's diagnostics for `protocol` to move
+# into Outcome.extra (popped in the same step: never persists across steps).
+_EXTRA = "_step_extra"
+
+
+def magnitudes(acc: torch.Tensor) -> torch.Tensor:
+    """|acc| as a fresh tensor this module owns (never aliases acc), in float32 for 16-bit
+    inputs so statistics do not overflow or lose precision (float64 stays float64)."""
+    if acc.dtype in (torch.float32, torch.float64):
+        return acc.abs()
+    return acc.to(torch.float32).abs_()
+
+
+def nonzero_indices(mask: torch.Tensor) -> torch.Tensor:
+    """Positions of True in a 1-D mask (int64): the one place indices are materialised."""
+    return mask.nonzero().view(-1)
+
+
+def empty_indices(device: torch.device) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.int64, device=device)
+
+
+def count_at_least(values: torch.Tensor, threshold: float) -> tuple[int, torch.Tensor]:
+    """#{values ≥ threshold} by one compare and a count_nonzero (a bool .sum() takes the
+    slow int64 path on CPU), and the mask, for reuse as the final selection."""
+    mask = values >= threshold
+    return int(torch.count_nonzero(mask)), mask
+
+
+# Magnitudes whose mean lies outside this range are rescaled (in place, in a buffer the
+# caller owns) before second moments are taken, so squares neither underflow nor overflow.
+SAFE_MEAN = (1e-12, 1e12)
+
+
+def rescale_for_moments(mag: torch.Tensor, mean: float) -> tuple[float, float]:
+    """Divide `mag` in place by a scale that brings its mean into SAFE_MEAN when it is
+    outside (tiny or huge gradients, or a sum that overflowed); return (scale, new mean).
+    Scale-equivariant rules computed on the result give thresholds in units of
+    mag/scale."""
+    if SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
+        return 1.0, mean
+    scale = mean if math.isfinite(mean) else float(mag.max())  # the sum overflowed
+    mag.div_(scale)
+    return scale, float(mag.sum()) / mag.numel()
+
+
+def mean_and_variance(values: torch.Tensor, mean: float | None = None) -> tuple[float, float]:
+    """Population mean and variance of a 1-D float tensor, from a sum and a norm (two
+    fast reductions, no temporary; torch.var_mean is several times slower on CPU). The
+    norm's float32 accumulation is accurate to ~1e-4 relative, so when the variance is
+    small against the squared mean (cancellation) it is recomputed exactly."""
+    n = values.numel()
+    if mean is None:
+        mean = float(values.sum()) / n
+    second = float(torch.linalg.vector_norm(values)) ** 2 / n
+    var = second - mean * mean
+    if not var > 1e-2 * mean * mean:
+        var_t, mean_t = torch.var_mean(values, correction=0)
+        mean, var = float(mean_t), float(var_t)
+    return mean, max(var, 0.0)
+
+
+def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} must be an integer ≥ {minimum}")
+    return value
+
+
+def check_finite_range(value: Any, name: str, low: float, high: float, *, low_open: bool,
+                       high_open: bool, hint: str = "") -> float:
+    """A real number in an interval (open or closed at each end), or a ValueError that
+    names the parameter and the interval."""
+    bad_type = isinstance(value, bool) or not isinstance(value, (int, float))
+    ok = not bad_type and math.isfinite(value)
+    if ok:
+        above = value > low if low_open else value >= low
+        below = value < high if high_open else value <= high
+        ok = above and below
+    if not ok:
+        interval = f"{'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{name}={value!r} is out of range: it must lie in {interval}"
+                         + (f"; {hint}" if hint else ""))
+    return float(value)
+
+
+class ThresholdSparsifier(Sparsifier):
+    """A sparsifier that keeps {i : |acc_i| ≥ t}. Subclasses implement `select` and call
+    `self.report(ctx, ...)` with their diagnostics (at least the threshold t in the units
+    of |acc|); they appear in Outcome.extra."""
+
+    def report(self, ctx: Context, **extra: Any) -> None:
+        ctx.state[_EXTRA] = extra
+
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+        outcome = yield from super().protocol(acc, ctx)
+        outcome.extra.update(ctx.state.pop(_EXTRA, {}))
+        return outcome
+
+
+@register("hard_threshold")
+class HardThreshold(ThresholdSparsifier):
+    """Sahu et al. (NeurIPS 2021), hard-threshold sparsifier: send every coordinate with
+    |acc_i| ≥ lam, a fixed λ with no per-step estimation. With error feedback the residual
+    therefore never exceeds λ in any coordinate (the "total error" view of the paper).
+    `ratio` is only the target k the metrics compare k̂ against; it does not influence
+    the selection. The default λ is DEFT's value for the WikiText-2 LSTM."""
+
+    def __init__(self, lam: float = 2.938e-3, ratio: float = 0.01):
+        super().__init__(ratio)
+        self.lam = check_finite_range(
+            lam, "lam", 0.0, math.inf, low_open=True, high_open=True,
+            hint="λ is the fixed magnitude above which coordinates are sent")
+
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        mag = magnitudes(acc)
+        self.report(ctx, threshold=self.lam)
+        return nonzero_indices(mag >= self.lam)
+
+
+@register("gaussianksgd")
+class GaussianKSGD(ThresholdSparsifier):
+    """GaussianK-SGD (Shi et al. 2019) as the SIDCo paper benchmarks it: fit a normal to
+    a = |acc| (mean μ, standard deviation σ), start from t = μ + |Φ⁻¹(δ/2)|·σ, then correct
+    up to `corrections` times: t ×0.5 when fewer than 2k/3 are selected, t ×1.5 when more
+    than 4k/3, stopping as soon as k̂ is inside [2k/3, 4k/3]. The selection is the last
+    threshold counted.
+
+    The statistics are taken on the magnitudes (the SIDCo authors' uncompensated variant
+    computed them on the signed, unnormalised gradient: a bug not reproduced here; the
+    fit is scale-equivariant, so normalising by ||acc||₂ would not change the selection).
+    corrections=2 matches the authors' loop, which counts up to three times and discards
+    the rescale that follows the third count."""
+
+    def __init__(self, ratio: float = 0.01, corrections: int = 2):
+        super().__init__(ratio)
+        self.corrections = check_positive_int(corrections, "corrections", minimum=0)
+
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        mag = magnitudes(acc)
+        mean_f = float(mag.sum()) / mag.numel()
+        if mean_f == 0.0:  # all zero: nothing worth sending
+            self.report(ctx, threshold=0.0, corrections=0)
+            return empty_indices(acc.device)
+        scale, mean_f = rescale_for_moments(mag, mean_f)
+        mean_f, var_f = mean_and_variance(mag, mean_f)
+        std_f = math.sqrt(var_f)
+        z = -NormalDist().inv_cdf(self.ratio / 2) if self.ratio < 1 else 0.0
+        t = mean_f + z * std_f
+        used = 0
+        while True:
+            count, mask = count_at_least(mag, t)
+            if used == self.corrections or 2 * k <= 3 * count <= 4 * k:
+                break
+            t *= 0.5 if 3 * count < 2 * k else 1.5
+            used += 1
+        self.report(ctx, threshold=t * scale, corrections=used)
+        return nonzero_indices(mask)
+
+
+@register("redsync")
+class RedSync(ThresholdSparsifier):
+    """RedSync (Fang et al. 2019) threshold search as the SIDCo paper benchmarks it:
+    t = mean + r·(max − mean) on |acc|, bisection on r ∈ [0, 1] (fewer than k selected →
+    lower r, more than accept_factor·k → raise r) until k ≤ k̂ ≤ accept_factor·k or the
+    interval of r is narrower than `min_interval`. Each probe is one counting reduction;
+    the selection is the last threshold counted (extra["converged"] says whether it
+    landed in the band). With the defaults at most three probes run."""
+
+    def __init__(self, ratio: float = 0.01, accept_factor: float = 2.0, min_interval: float = 0.2):
+        super().__init__(ratio)
+        self.accept_factor = check_finite_range(
+            accept_factor, "accept_factor", 1.0, math.inf, low_open=False, high_open=True,
+            hint="the search accepts k ≤ k̂ ≤ accept_factor·k")
+        self.min_interval = check_finite_range(
+            min_interval, "min_interval", 0.0, 1.0, low_open=True, high_open=True,
+            hint="the bisection on r ∈ [0, 1] stops below this width")
+
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        mag = magnitudes(acc)
+        max_f = float(mag.max())
+        if max_f == 0.0:
+            self.report(ctx, threshold=0.0, converged=False, probes=0)
+            return empty_indices(acc.device)
+        scale, mean_f = rescale_for_moments(mag, float(mag.sum()) / mag.numel())
+        max_f = float(mag.max()) if scale != 1.0 else max_f
+        lo, hi = 0.0, 1.0
+        probes = 0
+        converged = False
+        while True:
+            r = 0.5 * (lo + hi)
+            t = mean_f + r * (max_f - mean_f)
+            count, mask = count_at_least(mag, t)
+            probes += 1
+            if k <= count <= self.accept_factor * k:
+                converged = True
+                break
+            if count < k:
+                hi = r
+            else:
+                lo = r
+            if hi - lo < self.min_interval:
+                break
+        self.report(ctx, threshold=t * scale, converged=converged, probes=probes)
+        return nonzero_indices(mask)
+
+
+@register("mstopk")
+class MSTopK(ThresholdSparsifier):
+    """MSTopK (Shi et al., MLSys 2021): approximate Top-k by a fixed number of bisection
+    steps on a threshold, counting the elements ≥ each candidate, keeping the candidate
+    whose count is the largest not above k; then one selection pass. Never sends more
+    than k.
+
+    The search brackets [mean(|acc|), max(|acc|)] as in the paper. One counting probe at
+    the mean comes first: if even the mean keeps at most k (large ratios, above
+    P(|g| ≥ mean) ≈ 0.3–0.4 for gradient-like data) the search moves to [0, mean], which
+    the paper's bracket cannot reach. Probes whose count exceeds k raise the lower bound;
+    elements below it can no longer change a count, so the probe set is compacted to the
+    elements above it when that halves it (later probes then cost a fraction of a pass). If more than k
+    elements tie at the maximum no threshold keeps at most k: the first k of the tied
+    elements are sent (a valid Top-k)."""
+
+    def __init__(self, ratio: float = 0.01, steps: int = 25):
+        super().__init__(ratio)
+        self.steps = check_positive_int(steps, "steps")
+
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        mag = magnitudes(acc)
+        numel = mag.numel()
+        max_f = float(mag.max())
+        if max_f == 0.0:
+            self.report(ctx, threshold=0.0, count=0)
+            return empty_indices(acc.device)
+        scale, mean_f = rescale_for_moments(mag, float(mag.sum()) / numel)
+        max_f = float(mag.max()) if scale != 1.0 else max_f
+        count, mask = count_at_least(mag, mean_f)
+        if count > k:
+            lo, hi = mean_f, max_f
+            best_t, best_count = None, -1
+            pool = mag[mask] if 2 * count <= numel else mag
+        else:
+            lo, hi = 0.0, mean_f
+            best_t, best_count = mean_f, count
+            pool = mag
+        for _ in range(self.steps):
+            if best_count == k:
+                break
+            mid = 0.5 * (lo + hi)
+            if not lo < mid < hi:  # bracket exhausted at float resolution
+                break
+            count, probe = count_at_least(pool, mid)
+            if count > k:
+                lo = mid
+                if 2 * count <= pool.numel():
+                    pool = pool[probe]
+            else:
+                # The bracket only shrinks, so each accepted candidate is below the last
+                # one accepted and keeps at least as many: the latest is the best.
+                hi = mid
+                best_t, best_count = mid, count
+        if best_t is None:
+            ties = nonzero_indices(mag >= max_f)[:k]
+            self.report(ctx, threshold=max_f * scale, count=ties.numel())
+            return ties
+        self.report(ctx, threshold=best_t * scale, count=best_count)
+        return nonzero_indices(mag >= best_t)
