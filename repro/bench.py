@@ -1,0 +1,479 @@
+"""Encode/decode latency of compressors over tensor sizes (`repro bench`).
+
+Reproduces the micro-benchmarks of SIDCo Figs. 16–17 (compression latency and speed-up
+over Top-k on synthetic tensors of 0.26M, 2.6M and 26M elements at ratios 0.1, 0.01,
+0.001) and DRAGONN Fig. 5 ((a) encoding time over tensor sizes, (b) batched sparse
+decoding vs dense per-rank decoding over K workers).
+
+How each number is taken:
+- encode / decode: a single-worker Session (no error feedback, no extra statistics) runs
+  the compressor's protocol; encode is the compute before its requests (and between
+  rounds), decode the compute after the last answer. The driver here answers the
+  requests itself and synchronises the device at every boundary, so CUDA times are
+  kernel times, not launch times. Median of `repeats` calls after one warm-up call.
+- floor: one read pass over the same tensor, `torch.sum` of a precomputed |x| (what any
+  selection must at least do), with `torch.linalg.vector_norm(x, 1)` (abs fused into the
+  reduction) as a second reference. Every encode time is reported over the floor and
+  over exact Top-k at the same size and ratio (Top-k is always measured, as reference).
+- decode, batched vs dense per rank: K ranks' k (index, value) pairs decoded either by
+  ONE index_add of all pairs (compressors.base.sparse_mean, DRAGONN's sparse decoding) or
+  by densifying every rank's payload into a full tensor and adding those (the dense
+  decoding of GRACE-style code).
+- Minima are reported beside the medians: on a shared machine a call preempted by
+  another process (with 2 threads on 2 busy cores, a parallel region waits a whole
+  scheduler slice, ~4-16 ms) inflates the median, rarely the minimum.
+- Bounded run: a cell whose warm-up call shows that `repeats` calls would exceed
+  `budget_s` gets fewer repeats (at least one); every such cap is listed in `capped`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+import compressors
+from compressors.base import check_ratio, index_dtype, sparse_mean, target_k
+from compressors.requests import AllGather, AllReduce, Broadcast, as_round
+from compressors.session import Session
+from repro import sources
+
+# SIDCo Fig. 16–17's compressors (Top-k, DGC, RedSync, GaussianKSGD, the three SIDCo
+# variants) with DRAGONN Fig. 5a's and the other linear-time estimator (MSTopK).
+# Names that are not registered are left out.
+DEFAULT_COMPRESSORS = (
+    "topk", "dgc", "redsync", "gaussianksgd", "sidco_e", "sidco_gp", "sidco_p", "mstopk",
+    "dragonn",
+)
+REFERENCE = "topk"
+DEFAULT_SIZES = (260_000, 2_600_000, 26_000_000)
+DEFAULT_RATIOS = (0.1, 0.01, 0.001)
+DEFAULT_DECODE_WORKERS = (2, 4, 8)
+QUICK_SIZES = (20_000, 200_000)
+QUICK_RATIOS = (0.1, 0.01)
+QUICK_DECODE_WORKERS = (2, 4)
+QUICK_REPEATS = 3
+DEFAULT_REPEATS = 5
+DEFAULT_THREADS = 2
+DEFAULT_BUDGET_S = 10.0
+DEFAULT_SOURCE = "laplace"
+TENSOR_NAME = "bench"
+
+_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+
+def parse_size(text: str | int) -> int:
+    """'260000', '2.6e6', '2.6M', '260k' → an integer element count ≥ 1."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMgG]?)\s*", str(text))
+        if not m:
+            raise ValueError(f"size {text!r} is not a number of elements "
+                             "(examples: 260000, 2.6e6, 2.6M)")
+        number = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
+        if number != int(number):
+            raise ValueError(f"size {text!r} is not a whole number of elements")
+        value = int(number)
+    if value < 1:
+        raise ValueError(f"size {text!r} must be ≥ 1 element")
+    return value
+
+
+def split_list(items: Sequence[str] | str | None) -> list[str]:
+    """Repeated and/or comma-separated values, in order, without duplicates."""
+    if items is None:
+        return []
+    if isinstance(items, str):
+        items = [items]
+    out: list[str] = []
+    for item in items:
+        for part in str(item).split(","):
+            part = part.strip()
+            if part and part not in out:
+                out.append(part)
+    return out
+
+
+def default_compressors() -> list[str]:
+    registered = set(compressors.list_compressors())
+    return [n for n in DEFAULT_COMPRESSORS if n in registered]
+
+
+def resolve_devices(spec: str | Sequence[str] | None) -> list[torch.device]:
+    """'auto' (cpu, plus cuda when available), or a comma list of cpu / cuda[:N]."""
+    names = split_list(spec) or ["auto"]
+    out: list[torch.device] = []
+    for name in names:
+        if name == "auto":
+            cands = [torch.device("cpu")]
+            if torch.cuda.is_available():
+                cands.append(torch.device("cuda"))
+        else:
+            try:
+                dev = torch.device(name)
+            except RuntimeError:
+                raise ValueError(f"unknown device {name!r}; use auto, cpu or cuda[:N]") from None
+            if dev.type not in ("cpu", "cuda"):
+                raise ValueError(f"device {name!r} is not supported; use auto, cpu or cuda[:N]")
+            if dev.type == "cuda" and not torch.cuda.is_available():
+                raise ValueError(f"device {name!r} asked for, but torch sees no CUDA device; "
+                                 "use --device cpu")
+            cands = [dev]
+        out += [d for d in cands if d not in out]
+    return out
+
+
+def machine_info(threads: int, devices: Sequence[torch.device]) -> dict[str, Any]:
+    """Where the numbers come from: results are meaningless without it."""
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    info: dict[str, Any] = {
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "devices": [str(d) for d in devices],
+    }
+    cuda = [d for d in devices if d.type == "cuda"]
+    if cuda:
+        info["cuda"] = torch.version.cuda
+        info["gpu"] = [torch.cuda.get_device_name(d) for d in cuda]
+    return info
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _answer_alone(item: Any) -> Any:
+    """What a one-rank collective answers: the reduction/broadcast of one tensor is that
+    tensor (in place); an allgather is a fresh list holding a copy of it."""
+    requests, is_round = as_round(item)
+    answers = []
+    for r in requests:
+        if isinstance(r, AllGather):
+            answers.append([r.tensor.clone()])
+        elif isinstance(r, (AllReduce, Broadcast)):
+            answers.append(r.tensor)
+        else:  # pragma: no cover - as_round refuses anything else
+            raise TypeError(f"unknown request {type(r).__name__}")
+    return tuple(answers) if is_round else answers[0]
+
+
+def exchange_once(session: Session, x: torch.Tensor, step: int) -> tuple[Any, float, float]:
+    """Run one single-worker exchange of `x`; (Outcome, encode seconds, decode seconds).
+    Answering the requests (the collective) is not timed."""
+    if session.world_size != 1:
+        raise ValueError("exchange_once drives a single-worker session (world_size=1)")
+    device = x.device
+    gen = session.exchange(TENSOR_NAME, x, step)
+    answer: Any = None
+    encode = 0.0
+    synchronize(device)
+    t0 = time.perf_counter()
+    while True:
+        try:
+            item = gen.send(answer)
+        except StopIteration as stop:
+            synchronize(device)
+            return stop.value, encode, time.perf_counter() - t0
+        synchronize(device)
+        encode += time.perf_counter() - t0
+        answer = _answer_alone(item)
+        synchronize(device)
+        t0 = time.perf_counter()
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds of one call of `fn`, device work included."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def repeat_median(
+    sample: Callable[[], tuple[float, ...]],
+    repeats: int,
+    budget_s: float,
+) -> tuple[tuple[float, ...], tuple[float, ...], int]:
+    """One warm-up call, then up to `repeats` calls; the per-component medians, minima
+    (robust to a busy machine preempting a call) and the number of calls used (fewer
+    than `repeats` when they would exceed `budget_s`)."""
+    warm = sample()
+    per_call = max(sum(warm), 1e-9)  # every component is a timed call
+    n = repeats if per_call * repeats <= budget_s else max(1, int(budget_s // per_call))
+    runs = [sample() for _ in range(n)]
+    medians = tuple(statistics.median(r[i] for r in runs) for i in range(len(warm)))
+    minima = tuple(min(r[i] for r in runs) for i in range(len(warm)))
+    return medians, minima, n
+
+
+def sparse_payloads(
+    numel: int, k: int, workers: int, seed: int = 0, device: torch.device | str = "cpu"
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """`workers` ranks' k unique indices each (int32/int64 as on the wire, in random
+    order, spread over the whole tensor, overlapping partly across ranks) and values."""
+    g = torch.Generator().manual_seed(seed)
+    stride = max(1, numel // k)
+    k = min(k, numel)
+    base = torch.arange(k, dtype=torch.int64) * stride
+    indices, values = [], []
+    for _ in range(workers):
+        offsets = torch.randint(0, stride, (k,), generator=g)
+        idx = (base + offsets).clamp_(max=numel - 1)[torch.randperm(k, generator=g)]
+        indices.append(idx.to(index_dtype(numel)).to(device))
+        values.append(torch.randn(k, generator=g).to(device))
+    return indices, values
+
+
+def dense_per_rank_decode(
+    indices: Sequence[torch.Tensor], values: Sequence[torch.Tensor], numel: int,
+    world_size: int, dtype: torch.dtype,
+) -> torch.Tensor:
+    """Dense decoding: each rank's payload becomes a full dense tensor, then the K dense
+    tensors are summed and divided by K (cost grows with K·d)."""
+    device = values[0].device
+    out = torch.zeros(numel, dtype=dtype, device=device)
+    for idx, val in zip(indices, values):
+        dense = torch.zeros(numel, dtype=dtype, device=device)
+        dense.index_copy_(0, idx.long(), val.to(dtype))
+        out.add_(dense)
+    if world_size > 1:
+        out.div_(world_size)
+    return out
+
+
+def batched_decode(
+    indices: Sequence[torch.Tensor], values: Sequence[torch.Tensor], numel: int,
+    world_size: int, dtype: torch.dtype,
+) -> torch.Tensor:
+    """DRAGONN's sparse decoding: all ranks' pairs in one index_add (sparse_mean)."""
+    return sparse_mean(list(indices), list(values), numel, world_size, dtype)
+
+
+def _accepts_ratio(name: str) -> bool:
+    return "ratio" in compressors.default_params(name)
+
+
+def validate(
+    names: Sequence[str], sizes: Sequence[int], ratios: Sequence[float], repeats: int,
+    threads: int, budget_s: float, decode_workers: Sequence[int], source: str,
+) -> None:
+    registered = compressors.list_compressors()
+    unknown = [n for n in names if n not in registered]
+    if unknown:
+        raise ValueError(f"unknown compressor {', '.join(map(repr, unknown))}; "
+                         f"registered: {', '.join(registered)}")
+    if not names:
+        raise ValueError("no compressor to benchmark: name at least one with --compressor")
+    if not sizes or not ratios:
+        raise ValueError("--sizes and --ratios need at least one value each")
+    for what, v in (("--repeats", repeats), ("--threads", threads)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{what}={v!r} must be an integer ≥ 1")
+    if not budget_s > 0:
+        raise ValueError(f"--budget={budget_s!r} must be > 0 seconds")
+    for k in decode_workers:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"--decode-workers: {k!r} must be an integer ≥ 1")
+    for r in ratios:
+        check_ratio(r, "--ratios value")
+    for s in sizes:
+        parse_size(s)
+    if source not in sources.SYNTHETIC:
+        raise ValueError(f"unknown source {source!r}; bench draws synthetic tensors: "
+                         f"{', '.join(sources.SYNTHETIC)}")
+    # Build every (compressor, ratio) once: a bad combination fails before any timing.
+    for n in names:
+        for r in (ratios if _accepts_ratio(n) else [None]):
+            try:
+                compressors.build(n, **({} if r is None else {"ratio": r}))
+            except (ValueError, TypeError) as exc:
+                raise type(exc)(f"compressor {n!r}: {exc}") from None
+
+
+def run_bench(
+    compressor_names: Sequence[str] | str | None = None,
+    sizes: Sequence[int | str] | None = None,
+    ratios: Sequence[float] | None = None,
+    repeats: int = DEFAULT_REPEATS,
+    threads: int = DEFAULT_THREADS,
+    devices: str | Sequence[str] | None = "auto",
+    source: str = DEFAULT_SOURCE,
+    seed: int = 0,
+    budget_s: float = DEFAULT_BUDGET_S,
+    decode_workers: Sequence[int] = DEFAULT_DECODE_WORKERS,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """Run the benchmark; a JSON-ready dict with machine, config, floor, encode, decode
+    and capped sections (see the module docstring)."""
+    names = split_list(compressor_names) or default_compressors()
+    sizes = [parse_size(s) for s in (sizes or DEFAULT_SIZES)]
+    ratios = [float(r) for r in (ratios or DEFAULT_RATIOS)]
+    decode_workers = list(decode_workers)
+    validate(names, sizes, ratios, repeats, threads, budget_s, decode_workers, source)
+    devs = resolve_devices(devices)
+    if REFERENCE in compressors.list_compressors():
+        # The reference every speed-up is relative to: always measured, and first.
+        names = [REFERENCE, *(n for n in names if n != REFERENCE)]
+
+    old_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    report: dict[str, Any] = {
+        "machine": machine_info(threads, devs),
+        "config": {
+            "compressors": names, "sizes": sizes, "ratios": ratios, "repeats": repeats,
+            "threads": threads, "devices": [str(d) for d in devs], "source": source,
+            "seed": seed, "budget_s": budget_s, "decode_workers": decode_workers,
+        },
+        "floor": [], "encode": [], "decode": [], "capped": [],
+    }
+    say = progress or (lambda msg: None)
+    started = time.perf_counter()
+    try:
+        for dev in devs:
+            for size in sizes:
+                say(f"bench: {dev}, d = {size:,}")
+                x = sources.synthetic(source, size, 1, seed, 0)[0].to(dev)
+                _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, seed)
+                del x
+    finally:
+        torch.set_num_threads(old_threads)
+    report["elapsed_s"] = time.perf_counter() - started
+    return report
+
+
+def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, seed) -> None:
+    dev, size = x.device, x.numel()
+    abs_x = x.abs()
+    (sum_s, l1_s), (sum_min, l1_min), _ = repeat_median(
+        lambda: (timed(lambda: torch.sum(abs_x), dev),
+                 timed(lambda: torch.linalg.vector_norm(x, 1), dev)),
+        max(3 * repeats, 15), budget_s)  # sub-millisecond: more samples
+    del abs_x
+    floor = {"device": str(dev), "numel": size, "sum_abs_ms": 1e3 * sum_s,
+             "l1_norm_ms": 1e3 * l1_s, "sum_abs_min_ms": 1e3 * sum_min,
+             "l1_norm_min_ms": 1e3 * l1_min}
+    report["floor"].append(floor)
+
+    def cap_note(what: str, n: int) -> None:
+        if n < repeats:
+            report["capped"].append(
+                f"{what} on {dev}, d = {size:,}: {n} repeat(s) instead of {repeats} "
+                f"(one call × {repeats} would exceed the {budget_s:g} s budget)")
+
+    reference: dict[float | None, float] = {}
+    for name in names:
+        cell_ratios = ratios if _accepts_ratio(name) else [None]
+        for ratio in cell_ratios:
+            comp = compressors.build(name, **({} if ratio is None else {"ratio": ratio}))
+            session = Session(comp, rank=0, world_size=1, feedback="none", seed=seed,
+                              check_finite=False, measure=False)
+            step = [0]
+            last: dict[str, Any] = {}
+
+            def sample() -> tuple[float, float]:
+                out, enc, dec = exchange_once(session, x, step[0])
+                step[0] += 1
+                last["outcome"] = out
+                return enc, dec
+
+            (enc, dec), (enc_min, dec_min), n = repeat_median(sample, repeats, budget_s)
+            cap_note(f"{name} ratio {ratio}", n)
+            if name == REFERENCE:
+                reference[ratio] = enc
+            ref = reference.get(ratio) if ratio is not None else None
+            selected = last["outcome"].selected
+            report["encode"].append({
+                "device": str(dev), "numel": size, "compressor": name, "ratio": ratio,
+                "k": target_k(size, ratio) if ratio is not None else None,
+                "k_hat": int(selected) if selected is not None else None,
+                "encode_ms": 1e3 * enc, "decode_ms": 1e3 * dec, "repeats": n,
+                "encode_min_ms": 1e3 * enc_min, "decode_min_ms": 1e3 * dec_min,
+                "encode_over_floor": enc / sum_s if sum_s > 0 else None,
+                "encode_over_l1": enc / l1_s if l1_s > 0 else None,
+                "encode_over_topk": enc / ref if ref else None,
+                "speedup_over_topk": ref / enc if ref and enc > 0 else None,
+            })
+
+    for ratio in ratios:
+        k = target_k(size, ratio)
+        for workers in decode_workers:
+            idx, val = sparse_payloads(size, k, workers, seed=seed, device=dev)
+            args = (idx, val, size, workers, x.dtype)
+            (batched_s, dense_s), (batched_min, dense_min), n = repeat_median(
+                lambda: (timed(lambda: batched_decode(*args), dev),
+                         timed(lambda: dense_per_rank_decode(*args), dev)),
+                repeats, budget_s)
+            cap_note(f"decoding K={workers} ratio {ratio}", n)
+            report["decode"].append({
+                "device": str(dev), "numel": size, "ratio": ratio, "k": k, "workers": workers,
+                "batched_ms": 1e3 * batched_s, "dense_per_rank_ms": 1e3 * dense_s,
+                "batched_min_ms": 1e3 * batched_min, "dense_per_rank_min_ms": 1e3 * dense_min,
+                "dense_over_batched": dense_s / batched_s if batched_s > 0 else None,
+                "repeats": n,
+            })
+
+
+def _fmt(v: float | None, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _table(cols: list[str], rows: list[list[str]], left: int = 1) -> list[str]:
+    widths = [max([len(c), *(len(r[i]) for r in rows)]) for i, c in enumerate(cols)]
+    fmt = lambda cells: "  ".join(  # noqa: E731
+        c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return [fmt(cols), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """The report as text: per device and size, the floor, then the encode table; then
+    the decoding comparison and what was capped."""
+    m = report["machine"]
+    out = [f"{m['cpu']} ({m['cpu_count']} cores), torch {m['torch']}, {m['threads']} threads"
+           + (f", GPU {', '.join(m['gpu'])}" if m.get("gpu") else "")]
+    for floor in report["floor"]:
+        dev, size = floor["device"], floor["numel"]
+        out += ["", f"{dev}, d = {size:,}: floor sum(|x|) {floor['sum_abs_ms']:.3f} ms "
+                    f"(min {floor['sum_abs_min_ms']:.3f}), ||x||_1 {floor['l1_norm_ms']:.3f} ms "
+                    f"(min {floor['l1_norm_min_ms']:.3f})"]
+        rows = [[e["compressor"], _fmt(e["ratio"], "g"), _fmt(e["k_hat"], "d"),
+                 f"{e['encode_ms']:.3f}", f"{e['encode_min_ms']:.3f}", f"{e['decode_ms']:.3f}",
+                 _fmt(e["encode_over_floor"], ".1f"), _fmt(e["encode_over_topk"], ".3f"),
+                 _fmt(e["speedup_over_topk"], ".2f"), str(e["repeats"])]
+                for e in report["encode"] if e["device"] == dev and e["numel"] == size]
+        out += _table(["compressor", "ratio", "k̂", "enc ms", "enc min", "dec ms", "enc/floor",
+                       "enc/topk", "speed-up", "n"], rows)
+    if report["decode"]:
+        out += ["", "decoding K ranks' sparse payloads: batched (one index_add) vs dense per rank"]
+        rows = [[d["device"], f"{d['numel']:,}", f"{d['ratio']:g}", str(d["workers"]),
+                 f"{d['batched_ms']:.3f}", f"{d['dense_per_rank_ms']:.3f}",
+                 _fmt(d["dense_over_batched"], ".1f")] for d in report["decode"]]
+        out += _table(["device", "d", "ratio", "K", "batched ms", "dense ms", "dense/batched"],
+                      rows)
+    if report["capped"]:
+        out += ["", "capped:", *(f"  {c}" for c in report["capped"])]
+    out += ["", f"medians of {report['config']['repeats']} calls after a warm-up (min: fastest "
+                "call); encode excludes error feedback; enc/floor: over one read pass sum(|x|); "
+                "speed-up: topk / enc",
+            f"elapsed {report['elapsed_s']:.1f} s"]
+    return "\n".join(out)
