@@ -1,0 +1,57 @@
+"""Paper figures as one command each (`repro figure ID`, `scripts/repro_figure.sh ID`).
+
+Each paper has one module here (sidco, dragonn, deft, thc) whose functions register
+themselves with `@figure(...)` (see repro/figures/base.py for the pipeline). Importing this
+package imports those modules; none of them runs anything at import time.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from repro.figures.base import (
+    SIZES,
+    VERDICTS,
+    Context,
+    Figure,
+    Row,
+    figure,
+    get,
+    read_status,
+    registered,
+    results_readme,
+    run_figure,
+    verdict,
+    write_results_readme,
+)
+
+# The default set of `scripts/repro_figure.sh` with no argument: the figures whose full
+# variants finish together in about ten minutes on a 2-core CPU.
+DEFAULT_SET: tuple[str, ...] = ()
+
+_loaded = False
+
+
+def load_all() -> None:
+    """Import every paper module once, so its figures register."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if mod.name.startswith("_") or mod.name == "base":
+            continue
+        importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def list_figures(pattern: str = "*") -> list[str]:
+    load_all()
+    return registered(pattern)
+
+
+__all__ = [
+    "DEFAULT_SET", "SIZES", "VERDICTS", "Context", "Figure", "Row", "figure", "get",
+    "list_figures", "load_all", "read_status", "registered", "results_readme", "run_figure",
+    "verdict", "write_results_readme",
+]
