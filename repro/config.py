@@ -85,6 +85,9 @@ class TrainConfig:
     eval_every: int = 50  # 0: evaluate only at the end
     eval_batches: Optional[int] = 20
     checkpoint_every: int = 0  # 0: no checkpoints
+    # false: DDP's built-in allreduce instead of our comm hook (compressor=none, real
+    # ranks only): the baseline of the hook-overhead benchmark (`repro hookbench`).
+    comm_hook: bool = True
     group: str = "default"  # W&B group and runs/<group>/ folder (the sweep name)
     runs_root: str = "runs"
     run_dir: Optional[str] = None  # fixed by the launcher: runs/<group>/<run name>
@@ -100,9 +103,14 @@ def check_choice(key: str, value: Any, allowed: list[str] | tuple[str, ...]) -> 
         raise ValueError(f"{key}={value!r} is not allowed; choose one of: {', '.join(map(str, allowed))}")
 
 
+def check_at_least(key: str, value: Any, low: int) -> None:
+    if value < low:
+        raise ValueError(f"{key}={value} must be ≥ {low}")
+
+
 def validate(cfg: DictConfig) -> None:
     """Everything that can be checked before any worker starts. Raises ValueError /
-    KeyError / FileNotFoundError naming the key and the allowed values."""
+    FileNotFoundError naming the key and the allowed values."""
     import compressors
 
     c = cfg.compressor
@@ -114,15 +122,26 @@ def validate(cfg: DictConfig) -> None:
     check_choice("cluster.backend", cfg.cluster.backend, ("gloo", "nccl"))
     check_choice("task.size", cfg.task.size, ("smoke", "paper"))
     check_choice("task.data", cfg.task.data, ("standin", "canonical"))
-    if cfg.cluster.workers < 1:
-        raise ValueError(f"cluster.workers={cfg.cluster.workers} must be ≥ 1")
-    if cfg.steps < 1:
-        raise ValueError(f"steps={cfg.steps} must be ≥ 1")
+    check_at_least("cluster.workers", cfg.cluster.workers, 1)
+    check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
+    check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)
+    check_at_least("steps", cfg.steps, 1)
+    for key in ("eval_every", "checkpoint_every", "logger.log_every", "compressor.start_step",
+                "compressor.warmup_steps", "compressor.min_numel"):
+        check_at_least(key, OmegaConf.select(cfg, key), 0)
     if cfg.cluster.device.startswith("cuda"):
         import torch
 
         if not torch.cuda.is_available():
             raise ValueError(f"cluster.device={cfg.cluster.device!r} but no CUDA device is present; use cluster.device=cpu")
+    if cfg.cluster.mode == "simulated" and c.granularity == "bucket":
+        raise ValueError("compressor.granularity=bucket needs DDP's buckets, which simulated "
+                         "workers do not have; use compressor.granularity=layer or a real-rank "
+                         "cluster (cluster.mode=spawn or torchrun)")
+    if not cfg.comm_hook and (c.name != "none" or cfg.cluster.mode == "simulated"):
+        raise ValueError("comm_hook=false (DDP's built-in allreduce) needs compressor=none and "
+                         f"real ranks (cluster.mode=spawn or torchrun); got compressor={c.name}, "
+                         f"cluster.mode={cfg.cluster.mode}")
     defaults = compressors.default_params(c.name)
     accepted = sorted(defaults)
     if c.ratio is not None and "ratio" not in defaults:
@@ -131,23 +150,62 @@ def validate(cfg: DictConfig) -> None:
             f"(its parameters: {', '.join(accepted) or 'none'})"
         )
     for key in c.params:
-        if key not in defaults:
+        if key not in defaults or key == "ratio":
+            allowed = [k for k in accepted if k != "ratio"]
             raise ValueError(
                 f"compressor.params.{key} is not a parameter of {c.name!r}; "
-                f"allowed: {', '.join(accepted) or 'none'}"
+                f"allowed: {', '.join(allowed) or 'none'}"
+                + (" (set the ratio with compressor.ratio)" if key == "ratio" else "")
             )
     if c.warmup_steps and not (0 < c.warmup_ratio <= 1):
         raise ValueError(f"compressor.warmup_ratio={c.warmup_ratio} must lie in (0, 1]")
-    # Constructing the compressor runs its own parameter checks (ratio range, THC widths).
-    build_compressor(cfg, world_size=cfg.cluster.workers)
+    if c.warmup_steps and c.ratio is None:
+        raise ValueError(f"compressor.warmup_steps={c.warmup_steps} is DGC's ratio warm-up, but "
+                         f"{c.name!r} takes no ratio; set compressor.warmup_steps=0")
+    # Constructing the compressor runs its own parameter checks (ratio range, widths) ...
+    try:
+        compressor = build_compressor(cfg, world_size=cfg.cluster.workers)
+    except (ValueError, TypeError) as exc:
+        keys = "compressor.ratio / compressor.params" if c.ratio is not None else "compressor.params"
+        raise ValueError(f"compressor={c.name} ({keys}): {exc}") from None
+    # ... and one tiny simulated exchange with cluster.workers workers catches what depends
+    # on the number of workers (THC's integer sums overflowing, too many stragglers).
+    try:
+        probe_world_size(compressor, cfg.cluster.workers, cfg.seed)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"compressor={c.name} with cluster.workers={cfg.cluster.workers}: {exc}") from None
+    import tasks
+
+    check_choice("task.name", cfg.task.name, tasks.list_tasks())
     if cfg.task.data == "canonical" and cfg.task.data_root and not os.path.exists(cfg.task.data_root):
         raise FileNotFoundError(
             f"task.data_root={cfg.task.data_root!r} does not exist; point it at the "
             f"dataset or use task.data=standin"
         )
-    import tasks
+    # The task's constructor checks its data (canonical files present, stand-ins installed)
+    # and its arguments: build it here so a bad path fails before any worker starts.
+    try:
+        tasks.build_task(cfg.task.name, size=cfg.task.size, data=cfg.task.data,
+                         data_root=cfg.task.data_root, batch_size=cfg.task.batch_size,
+                         seed=cfg.seed)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"task={cfg.task.name} (task.data={cfg.task.data}, "
+                                f"task.data_root={cfg.task.data_root}): {exc}") from None
+    except ValueError as exc:
+        raise ValueError(f"task={cfg.task.name}: {exc}") from None
 
-    check_choice("task.name", cfg.task.name, tasks.list_tasks())
+
+def probe_world_size(compressor, workers: int, seed: int = 0) -> None:
+    """One simulated exchange of a small tensor on `workers` workers (milliseconds)."""
+    import torch
+
+    import compressors
+
+    gen = torch.Generator().manual_seed(seed)
+    layout = (compressors.Segment("w", 0, 192, (12, 16)), compressors.Segment("b", 192, 64, (64,)))
+    grads = [torch.randn(256, generator=gen) for _ in range(workers)]
+    compressors.SimulatedGroup(compressor, workers, feedback="none", seed=seed,
+                               measure=False).step(grads, name="probe", step=0, layout=layout)
 
 
 def compressor_params(cfg: DictConfig) -> dict[str, Any]:
@@ -173,6 +231,8 @@ def run_name(cfg: DictConfig) -> str:
     parts = [cfg.compressor.name]
     if cfg.compressor.ratio is not None:
         parts.append(f"r{cfg.compressor.ratio:g}")
+    if not cfg.comm_hook:
+        parts.append("ddp_allreduce")
     parts += [f"w{cfg.cluster.workers}", cfg.cluster.mode, cfg.task.name, cfg.task.size, f"s{cfg.seed}"]
     return "-".join(str(p) for p in parts).replace("/", "_")
 

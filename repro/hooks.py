@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 import compressors
 from compressors import Segment, Session
+from compressors.session import mix_seed
 from compressors.multiplex import multiplex
 from repro.costmodel import EfficiencySelector
 from repro.distributed import run_async
@@ -46,7 +47,13 @@ class StepRecord:
 class WorkerCompression:
     """One worker's compression of a set of named tensors per step, independent of how
     collectives are carried out: used by the DDP hook (one per rank) and by the
-    simulated-workers trainer (n of them), so both take the same decisions."""
+    simulated-workers trainer (n of them), so both take the same decisions.
+
+    Each tensor (by name) has its own Session: its error feedback, compressor state and
+    private random stream (seeded from the run seed and the name). A worker's result
+    therefore does not depend on the order in which tensors arrive: DDP's buckets (which
+    hold parameters in reverse order and are rebuilt after the first step) and the
+    simulated trainer's model order give bit-identical results."""
 
     def __init__(
         self,
@@ -61,12 +68,22 @@ class WorkerCompression:
         check_finite: bool = True,
         names: Optional[dict] = None,
     ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
         self.compressor = compressor
-        self.session = Session(compressor, rank, world_size, feedback=feedback,
-                               seed=seed, check_finite=check_finite, measure=measure)
-        # Tensors not worth compressing (too small, or DRAGONN's rule says no) go dense.
+        self.rank = rank
+        self.world_size = world_size
+        self.feedback = feedback
+        self.seed = seed
+        self.check_finite = check_finite
+        self.measure = measure
+        self.sessions: dict[str, Session] = {}
+        # Tensors not worth compressing (too small, or DRAGONN's rule says no) go dense;
+        # "none" without feedback is stateless, so one session serves every tensor.
         self.dense = Session(compressors.build("none"), rank, world_size,
                              feedback="none", seed=seed, check_finite=check_finite)
+        self.session_for("")  # fails now, not in the first backward, on a bad feedback
+        self.sessions.clear()
         self.selector = selector
         self.min_numel = min_numel
         self.enabled = True  # False: plain averaged allreduce (dense warm-up steps)
@@ -74,13 +91,17 @@ class WorkerCompression:
         self._names: dict[int, str] = dict(names or {})
         self._bucket_layouts: dict[str, tuple[Segment, ...]] = {}
 
-    @property
-    def measure(self) -> bool:
-        return self.session.measure
-
-    @measure.setter
-    def measure(self, value: bool) -> None:
-        self.session.measure = value
+    def session_for(self, name: str) -> Session:
+        """The Session of one tensor (created on first use)."""
+        sess = self.sessions.get(name)
+        if sess is None:
+            sess = self.sessions[name] = Session(
+                self.compressor, self.rank, self.world_size, feedback=self.feedback,
+                seed=mix_seed(self.seed, "tensor", name), check_finite=self.check_finite,
+                measure=self.measure,
+            )
+        sess.measure = self.measure
+        return sess
 
     def name_of(self, param: torch.Tensor) -> str:
         name = self._names.get(id(param))
@@ -99,7 +120,7 @@ class WorkerCompression:
         gens, flags = [], []
         for name, g in named:
             if self.compress_tensor(g.numel()):
-                gens.append(self.session.exchange(name, g, step))
+                gens.append(self.session_for(name).exchange(name, g, step))
                 flags.append(True)
             else:
                 gens.append(self.dense.exchange(name, g, step, writable=True))
@@ -112,7 +133,7 @@ class WorkerCompression:
         """(protocol, finish) for compressing a flat bucket as one tensor with a layout."""
         if self.compress_tensor(flat.numel()):
             key = self.bucket_key(layout)
-            gen = self.session.exchange(key, flat, step, layout=layout)
+            gen = self.session_for(key).exchange(key, flat, step, layout=layout)
             flags, names = [True], [key]
         else:
             gen = self.dense.exchange("dense", flat, step, writable=True)
@@ -138,19 +159,27 @@ class WorkerCompression:
     def residuals(self) -> list[torch.Tensor]:
         """Every error-feedback buffer this worker holds (for the EF-norm metric)."""
         out = []
-        for name in list(self.session.states):
-            r = self.session.residual(name)
+        for name, sess in self.sessions.items():
+            r = sess.residual(name)
             if r is not None:
                 out.append(r)
         return out
 
-    # Checkpointing: error feedback and compressor state, by parameter name.
+    # Checkpointing: error feedback, compressor state and RNG of every tensor, by name.
     def state_dict(self) -> dict[str, Any]:
-        return {"session": self.session.state_dict(), "layouts": self._bucket_layouts}
+        return {
+            "sessions": {name: sess.state_dict() for name, sess in self.sessions.items()},
+            "layouts": self._bucket_layouts,
+        }
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
-        self.session.load_state_dict(sd["session"])
-        self._bucket_layouts = sd["layouts"]
+        if "sessions" not in sd:
+            raise ValueError("compression checkpoint has no per-tensor sessions: it was written "
+                             "by an older version of the suite; restart the run (--restart)")
+        self.sessions = {}
+        for name, state in sd["sessions"].items():
+            self.session_for(name).load_state_dict(state)
+        self._bucket_layouts = dict(sd["layouts"])
 
     def bucket_key(self, layout: tuple[Segment, ...]) -> str:
         """Bucket-mode state key; re-slices feedback buffers when DDP rebuilt buckets."""
@@ -173,13 +202,13 @@ class WorkerCompression:
             if seg.name not in where:
                 continue
             old_key, old_seg = where[seg.name]
-            old_fb = self.session.state(old_key)["feedback"]
+            old_fb = self.session_for(old_key).state(old_key)["feedback"]
             for buf_name, buf in old_fb.items():
                 if not isinstance(buf, torch.Tensor):
                     continue
                 dst = new_fb.setdefault(buf_name, torch.zeros(total, dtype=buf.dtype, device=buf.device))
                 dst[seg.offset : seg.offset + seg.numel] = buf[old_seg.offset : old_seg.offset + old_seg.numel]
-        self.session.state(key)["feedback"].update(new_fb)
+        self.session_for(key).state(key)["feedback"].update(new_fb)
 
 
 class CompressionHookState(WorkerCompression):

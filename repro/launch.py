@@ -41,25 +41,93 @@ def _register_schema() -> None:
     ConfigStore.instance().store(name="base_config", node=config_mod.TrainConfig)
 
 
-def compose(overrides: list[str]) -> DictConfig:
-    """The resolved config for one run (struct mode: an unknown key is an error)."""
+def _hydra_compose(overrides: list[str]) -> DictConfig:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
-    from hydra.errors import ConfigCompositionException
-    from omegaconf.errors import ConfigKeyError
 
     _register_schema()
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def compose(overrides: list[str]) -> DictConfig:
+    """The resolved config for one run (struct mode: an unknown key is an error). Errors
+    are ValueErrors that name the key and the allowed keys or options."""
+    from hydra.errors import ConfigCompositionException
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
-        with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-            cfg = hydra_compose(config_name="config", overrides=list(overrides))
-    except (ConfigCompositionException, ConfigKeyError) as exc:
+        return _hydra_compose(overrides)
+    except ConfigCompositionException as exc:
+        if type(exc).__name__ == "MissingConfigException":
+            raise ValueError(_missing_option(str(exc))) from None
         cause = exc.__cause__ or exc
-        raise ValueError(f"bad config: {cause}".replace("\n", " ")) from None
+        full_key = getattr(cause, "full_key", None)
+        if isinstance(cause, OmegaConfBaseException) and full_key:
+            raise ValueError(_key_error(full_key, cause, overrides)) from None
+        hint = " (comma lists are sweeps: add -m)" if "Ambiguous value" in str(cause) else ""
+        raise ValueError(f"bad config: {_first_line(cause)}{hint}") from None
     except Exception as exc:  # Hydra's override grammar and missing group options
-        if type(exc).__name__ in ("OverrideParseException", "MissingConfigException"):
-            raise ValueError(f"bad config: {exc}".replace("\n", " ")) from None
+        name = type(exc).__name__
+        if name == "MissingConfigException":
+            raise ValueError(_missing_option(str(exc))) from None
+        if name == "OverrideParseException":
+            raise ValueError(f"bad override: {_first_line(exc)}") from None
         raise
-    return cfg
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _key_error(full_key: str, cause: BaseException, overrides: list[str]) -> str:
+    """'compressor.ratoi is not a config key; allowed keys under compressor: ...'."""
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+    parent, _, leaf = full_key.rpartition(".")
+    if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):  # e.g. a bad type
+        return f"{full_key}: {_first_line(cause)}"
+    if parent == "compressor.params":
+        import compressors
+
+        # The compressor this run selected: compose again without the bad key.
+        rest = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != full_key]
+        try:
+            name = str(_hydra_compose(rest).compressor.name)
+        except Exception:  # noqa: BLE001 - only for the message
+            name = None
+        if name in compressors.list_compressors():
+            allowed = sorted(k for k in compressors.default_params(name) if k != "ratio")
+            return (f"{full_key} is not a parameter of compressor {name!r}; allowed: "
+                    f"{', '.join(allowed) or 'none (it takes no parameters)'}")
+        return f"{full_key} is not a parameter of the selected compressor"
+    node = config_mod.schema()
+    for part in parent.split(".") if parent else []:
+        node = node[part] if part in node else None
+        if node is None:
+            break
+    allowed = sorted(node.keys()) if node is not None else []
+    where = f"under {parent}" if parent else "at the top level"
+    return (f"{full_key} is not a config key (misspelled?); allowed keys {where}: "
+            f"{', '.join(allowed)}")
+
+
+def _missing_option(message: str) -> str:
+    """Hydra's 'Could not find compressor/nosuch ... Available options' as one line."""
+    import re
+
+    wanted = re.search(r"Could not find '([^']+)'", message)
+    lines = message.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith("Available options in")), None)
+    if wanted is None or start is None:
+        return f"bad config: {_first_line(Exception(message))}"
+    names = []
+    for line in lines[start + 1:]:
+        if not line.startswith("\t"):
+            break
+        names.append(line.strip())
+    group, _, choice = wanted.group(1).rpartition("/")
+    return f"{group}={choice}: no such option; choose one of: {', '.join(names)}"
 
 
 def expand_sweep(overrides: list[str]) -> list[list[str]]:

@@ -42,6 +42,21 @@ def ratio_at(cfg, step: int) -> float | None:
     return float(math.exp(math.log(c.warmup_ratio) * (1 - progress) + math.log(c.ratio) * progress))
 
 
+def get_rng() -> dict[str, Any]:
+    """This process's random state: torch (CPU and, where present, CUDA) and Python."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 def network_of(cfg) -> Network:
     cl = cfg.cluster
     return Network(workers=cl.target_workers, bandwidth_gbps=cl.bandwidth_gbps, latency_us=cl.latency_us)
@@ -71,6 +86,9 @@ def summarise_records(records: list[StepRecord]) -> dict[str, float]:
     sel = [(float(r.selected), float(r.target)) for r in comp if r.selected is not None and r.target]
     if sel:
         out["estimation_quality"] = sum(s for s, _ in sel) / sum(t for _, t in sel)
+        # The ratio the compressor really targeted this step (DGC warm-up shows here).
+        out["target_ratio"] = sum(t for _, t in sel) / sum(
+            r.numel for r in comp if r.selected is not None and r.target)
     uni = [(float(r.union), r.numel) for r in comp if r.union is not None]
     if uni:
         out["density"] = sum(u for u, _ in uni) / sum(n for _, n in uni)
@@ -183,7 +201,7 @@ class Trainer:
             "step": self.step, "epoch": self.epoch, "batch_in_epoch": self.batch_in_epoch,
             "model": self.model_for_eval.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-            "rng": torch.get_rng_state(), "py_rng": random.getstate(),
+            "rng": get_rng(),
             "wall_time": self.wall_offset + (time.perf_counter() - self.t_start),
             "best": self.best,
         }
@@ -194,8 +212,7 @@ class Trainer:
         self.optimizer.load_state_dict(sd["optimizer"])
         if self.scheduler is not None and sd["scheduler"] is not None:
             self.scheduler.load_state_dict(sd["scheduler"])
-        torch.set_rng_state(sd["rng"])
-        random.setstate(sd["py_rng"])
+        set_rng(sd["rng"])
         self.wall_offset = sd["wall_time"]
         self.best = sd["best"]
 
@@ -235,6 +252,7 @@ class Trainer:
                 )
         batches = self.batches()
         global_batch = None
+        final = None
         bar = progress(range(self.step, cfg.steps), desc=os.path.basename(self.run_dir),
                        enabled=self.is_main and cfg.logger.progress)
         for _ in bar:
@@ -258,15 +276,20 @@ class Trainer:
             if logging_step:
                 metrics = self.step_metrics(loss, step_s, comm_s, global_batch, records)
             self.step += 1
-            if cfg.eval_every and self.step % cfg.eval_every == 0 and self.step < cfg.steps:
+            last = self.step == cfg.steps
+            if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
+                # The final evaluation goes into the last step's record: one line per step.
                 metrics = self.add_eval(metrics or {})
+                if last:
+                    final = {k: v for k, v in metrics.items() if k.startswith("eval/")}
             if metrics is not None and self.is_main:
                 writer.log(self.step - 1, **metrics)
                 if wandb is not None:
                     wandb.log(self.step - 1, metrics)
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint()
-        final = self.add_eval({})
+        if final is None:  # relaunched after the last checkpoint: its record is on file already
+            final = self.add_eval({})
         summary = {
             "steps": self.step, "wall_time_s": self.wall_offset + time.perf_counter() - self.t_start,
             "metric": self.task.metric, "target": self.task.target,
@@ -274,11 +297,9 @@ class Trainer:
             "data_source": self.task.data_source, **final, **self.best,
         }
         if self.is_main:
-            writer.log(self.step - 1, **final)
             writer.write_summary(summary)
             writer.close()
             if wandb is not None:
-                wandb.log(self.step - 1, final)
                 wandb.finish()
             with open(os.path.join(self.run_dir, "DONE"), "w") as f:
                 f.write(f"{self.step}\n")
@@ -317,6 +338,33 @@ class Trainer:
         return m
 
 
+class BuiltinAllreduce:
+    """Stands in for the hook state when DDP's own allreduce exchanges the gradients
+    (comm_hook=false): every parameter goes dense in fp32, nothing to schedule or save."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.enabled = True
+        self.measure = False
+        self.records = [
+            StepRecord(name=n, numel=p.numel(), compressed=False, selected=None, target=None,
+                       union=None, bytes_sent=p.numel() * p.element_size(), encode_s=0.0,
+                       decode_s=0.0)
+            for n, p in model.named_parameters() if p.requires_grad
+        ]
+
+    def pop_records(self) -> list[StepRecord]:
+        return self.records
+
+    def residuals(self) -> list[torch.Tensor]:
+        return []
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
+        pass
+
+
 class DDPTrainer(Trainer):
     """One real rank: a DDP model whose comm hook runs the compressor."""
 
@@ -332,8 +380,11 @@ class DDPTrainer(Trainer):
 
     def setup_compression(self) -> None:
         self.hook_state = self.make_compression(self.rank, self.world_size, {})
-        self.ddp.register_comm_hook(self.hook_state, compression_hook)
-        self.compressions = [self.hook_state]
+        if self.cfg.comm_hook:
+            self.ddp.register_comm_hook(self.hook_state, compression_hook)
+            self.compressions = [self.hook_state]
+        else:  # DDP's built-in allreduce: the baseline our hook's overhead is measured against
+            self.compressions = [BuiltinAllreduce(self.model)]
 
     def exchange_step(self, batches) -> tuple[float, int]:
         batch = next(batches)
@@ -349,15 +400,18 @@ class DDPTrainer(Trainer):
         if path is None:
             return False
         self.load_checkpoint_state(torch.load(os.path.join(path, "trainer.pt"), weights_only=False))
-        comp = torch.load(os.path.join(path, f"compression_rank{self.rank}.pt"), weights_only=False)
-        self.hook_state.load_state_dict(comp)
+        mine = torch.load(os.path.join(path, f"rank{self.rank}.pt"), weights_only=False)
+        self.compressions[0].load_state_dict(mine["compression"])
+        set_rng(mine["rng"])
         return True
 
     def save_checkpoint(self) -> None:
         name = f"step_{self.step:08d}"
         path = os.path.join(self.ckpt_dir, name)
         os.makedirs(path, exist_ok=True)
-        self.atomic_save(self.hook_state.state_dict(), os.path.join(path, f"compression_rank{self.rank}.pt"))
+        # Every rank's own part: its error feedback / compressor state and its RNG.
+        mine = {"compression": self.compressions[0].state_dict(), "rng": get_rng()}
+        self.atomic_save(mine, os.path.join(path, f"rank{self.rank}.pt"))
         if self.is_main:
             self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
         dist.barrier()
@@ -369,7 +423,11 @@ class DDPTrainer(Trainer):
 
 
 class SimulatedTrainer(Trainer):
-    """n simulated workers in one process: n backward passes, one update."""
+    """n simulated workers in one process: n backward passes, one update.
+
+    Each worker sees what a real DDP rank would: its own random stream (dropout), started
+    from the same seed as every rank's, and rank 0's buffers (DDP broadcasts them before
+    every forward), so n = 2 here equals a real 2-rank run step for step."""
 
     def __init__(self, run_dir: str):
         cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
@@ -377,6 +435,11 @@ class SimulatedTrainer(Trainer):
         self.model_for_eval = self.model
         self.named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.rank_for_data = 0
+        self.worker_rng: list[dict[str, Any]] | None = None  # set at the first step or resume
+        self.buffers = list(self.model.buffers())
+        # Rank 0's buffers at the start of the step, and after rank 0's forward.
+        self.buffers_start = [b.clone() for b in self.buffers]
+        self.buffers_rank0 = [b.clone() for b in self.buffers]
 
     def setup_compression(self) -> None:
         names = {id(p): n for n, p in self.named}
@@ -398,13 +461,26 @@ class SimulatedTrainer(Trainer):
         group = next(batches)
         grads_per_worker = []
         losses = []
-        for batch in group:
-            for _, p in self.named:
-                p.grad = None
+        if self.worker_rng is None:  # every real rank starts from the same seeded state
+            self.worker_rng = [get_rng() for _ in range(self.world_size)]
+        self.worker_rng[0] = get_rng()  # this process's own stream is rank 0's
+        if self.buffers:
+            torch._foreach_copy_(self.buffers_start, self.buffers)
+        for rank, batch in enumerate(group):
+            self.model.zero_grad(set_to_none=True)
+            if rank and self.buffers:  # DDP: every rank's forward starts from rank 0's buffers
+                torch._foreach_copy_(self.buffers, self.buffers_start)
+            set_rng(self.worker_rng[rank])
             loss = self.task.loss(self.model, batch)
             loss.backward()
+            self.worker_rng[rank] = get_rng()
+            if rank == 0 and self.buffers and len(group) > 1:
+                torch._foreach_copy_(self.buffers_rank0, self.buffers)
             losses.append(loss.detach())
             grads_per_worker.append([(n, p.grad) for n, p in self.named])
+        if self.buffers and len(group) > 1:
+            torch._foreach_copy_(self.buffers, self.buffers_rank0)
+        set_rng(self.worker_rng[0])  # the process continues as rank 0 (evaluation)
         jobs, finishes = [], []
         for comp, named in zip(self.compressions, grads_per_worker):
             job, finish = comp.layerwise(named, self.step)
@@ -425,16 +501,23 @@ class SimulatedTrainer(Trainer):
         if path is None:
             return False
         self.load_checkpoint_state(torch.load(os.path.join(path, "trainer.pt"), weights_only=False))
-        comp = torch.load(os.path.join(path, "compression.pt"), weights_only=False)
-        for c, sd in zip(self.compressions, comp):
-            c.load_state_dict(sd)
+        workers = torch.load(os.path.join(path, "workers.pt"), weights_only=False)
+        if len(workers) != self.world_size:
+            raise ValueError(f"checkpoint {path} holds {len(workers)} simulated workers but "
+                             f"cluster.workers={self.world_size}; restart the run (--restart)")
+        for c, w in zip(self.compressions, workers):
+            c.load_state_dict(w["compression"])
+        self.worker_rng = [w["rng"] for w in workers]
+        set_rng(self.worker_rng[0])
         return True
 
     def save_checkpoint(self) -> None:
         name = f"step_{self.step:08d}"
         path = os.path.join(self.ckpt_dir, name)
         os.makedirs(path, exist_ok=True)
-        self.atomic_save([c.state_dict() for c in self.compressions], os.path.join(path, "compression.pt"))
+        workers = [{"compression": c.state_dict(), "rng": rng}
+                   for c, rng in zip(self.compressions, self.worker_rng)]
+        self.atomic_save(workers, os.path.join(path, "workers.pt"))
         self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
         with open(os.path.join(self.ckpt_dir, "LATEST.tmp"), "w") as f:
             f.write(name)
