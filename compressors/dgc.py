@@ -22,6 +22,7 @@ import math
 import numpy as np
 import torch
 
+from compressors import _native
 from compressors.base import (
     Context,
     Outcome,
@@ -154,11 +155,18 @@ class DGC(Sparsifier):
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
-        magnitude = acc.abs()
-        candidates = flat_nonzero(magnitude >= threshold)
+        if _native.supports(acc):
+            # One fused pass: positions and |acc| of the candidates, no full-size buffer.
+            candidates, chosen = _native.select(acc, float(threshold), values=True)
+        else:
+            magnitude = acc.abs()
+            candidates = flat_nonzero(magnitude >= threshold)
+            chosen = None
         count = candidates.numel()
         if count > self.overselect_limit(k):
-            best = torch.topk(magnitude.index_select(0, candidates), k, sorted=False).indices
+            if chosen is None:
+                chosen = magnitude.index_select(0, candidates)
+            best = torch.topk(chosen, k, sorted=False).indices
             candidates = candidates[best]
         return candidates, threshold, count
 

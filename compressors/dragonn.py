@@ -51,6 +51,7 @@ import math
 
 import torch
 
+from compressors import _native
 from compressors.base import (
     Compressor,
     Context,
@@ -215,7 +216,10 @@ class Dragonn(Compressor):
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
-        candidates = flat_nonzero(acc.abs() >= threshold)
+        if _native.supports(acc):  # one fused pass, no |acc| or mask buffer
+            candidates = _native.select(acc, float(threshold))[0]
+        else:
+            candidates = flat_nonzero(acc.abs() >= threshold)
         seeds = draw_hash_seeds(ctx.generator, acc.device)
         slots = write_slots(candidates, m, seeds, numel)
         empty = slots < 0

@@ -34,17 +34,23 @@ from typing import ClassVar
 
 import torch
 
+from compressors import _native
 from compressors.base import Context
 from compressors.registry import register
 from compressors.threshold import (
+    SAFE_MEAN,
     ThresholdSparsifier,
     check_finite_range,
     check_positive_int,
     empty_indices,
     magnitudes,
+    mean_abs,
     mean_and_variance,
+    moments_from_sums,
+    native_select,
     nonzero_indices,
     rescale_for_moments,
+    use_native,
 )
 
 # Below this coefficient of variation (σ²/μ² < 1e-10) data are numerically constant for
@@ -167,46 +173,50 @@ class _SIDCo(ThresholdSparsifier):
             return exponential_quantile(mean, ratio)
         if self.first_fit == "gpareto":
             mean, var = mean_and_variance(mag, mean)
-            return self._gpareto_threshold(mag, 0.0, mean, var, ratio)
-        return self._gamma_threshold(mag, mean, ratio)
+            return self._gpareto_threshold(lambda: float(mag.min()), 0.0, mean, var, ratio)
+        numel = mag.numel()
+        nonzeros = int(torch.count_nonzero(mag))
+        positive = mag if nonzeros == numel else torch.where(mag > 0, mag, 1.0)  # ln 1 = 0
+        mean_log = float(torch.log(positive.to(torch.float64)).sum()) / nonzeros
+        return self._gamma_threshold(
+            numel, nonzeros, mean, mean_log, ratio,
+            lambda: float(torch.where(mag > 0, mag, math.inf).min()))
 
     def _later_threshold(self, pool: torch.Tensor, t: float, ratio: float) -> float:
         """Stage m ≥ 2: fit the exceedances y = pool − t of the previous threshold t."""
+        # Shifted first (in float64): the exceedances' variance is then not a small
+        # difference of large second moments.
+        excess = pool.to(torch.float64) - t
         if self.later_fit == "exponential":
-            return t + exponential_quantile(float(pool.sum()) / pool.numel() - t, ratio)
-        # Shifted first: the exceedances' variance is then not a small difference of
-        # large second moments.
-        mean, var = mean_and_variance(pool - t)
-        return self._gpareto_threshold(pool, t, mean, var, ratio)
+            return t + exponential_quantile(float(excess.sum()) / pool.numel(), ratio)
+        mean, var = mean_and_variance(excess)
+        return self._gpareto_threshold(lambda: float(pool.min()), t, mean, var, ratio)
 
     @staticmethod
-    def _gpareto_threshold(pool: torch.Tensor, t: float, mean: float, var: float,
+    def _gpareto_threshold(pool_min, t: float, mean: float, var: float,
                            ratio: float) -> float:
+        """`pool_min()`: the smallest fitted magnitude (asked for only at a point mass)."""
         if not var > _POINT_MASS_CV2 * mean * mean:
             # Point mass (all exceedances equal): the GP limit puts every quantile at the
             # point; take the smallest element so ties are kept despite rounding.
-            return float(pool.min())
+            return pool_min()
         alpha, beta = gpareto_parameters(mean, var)
         return t + gpareto_quantile(alpha, beta, ratio)
 
     @staticmethod
-    def _gamma_threshold(mag: torch.Tensor, mean: float, ratio: float) -> float:
+    def _gamma_threshold(numel: int, nonzeros: int, mean: float, mean_log: float,
+                         ratio: float, min_positive) -> float:
+        """Gamma first stage from the mean of all magnitudes and the mean log of the
+        nonzero ones; `min_positive()` is asked for only in the degenerate cases."""
         # The gamma model lives on (0, ∞): exact zeros are left out of the fit and the
         # quantile is taken at the ratio that, among the nonzeros, keeps δ·d elements.
-        numel = mag.numel()
-        nonzeros = int(torch.count_nonzero(mag))
-        if nonzeros == numel:
-            mean_pos = mean
-            mean_log = float(mag.log().mean())
-        else:
-            mean_pos = mean * numel / nonzeros
-            mean_log = float(torch.where(mag > 0, mag, 1.0).log_().sum()) / nonzeros
+        mean_pos = mean if nonzeros == numel else mean * numel / nonzeros
         ratio_pos = ratio * numel / nonzeros
         s = math.log(mean_pos) - mean_log
         if ratio_pos >= 1.0 or not s > _POINT_MASS_S:
             # Keep every nonzero: the ratio asks for at least all of them, or they are
             # (numerically) one value, where the fit's limit is a point mass.
-            return float(torch.where(mag > 0, mag, math.inf).min())
+            return min_positive()
         alpha, beta = gamma_parameters(mean_pos, mean_log)
         return gamma_quantile(alpha, beta, ratio_pos)
 
@@ -216,14 +226,27 @@ class _SIDCo(ThresholdSparsifier):
         state = ctx.state
         stages = state.setdefault("stages", self.initial_stages)
         ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
-        mag = magnitudes(acc)
-        mean = float(mag.sum()) / mag.numel()
-        if mean == 0.0:  # all zero: nothing to send, and no information for adaptation
+        found = self._select_native(acc, ratios) if use_native(acc) else None
+        if found is None:
+            found = self._select_reference(acc, ratios)
+        indices, threshold = found
+        if indices is None:  # all zero: nothing to send, and no information for adaptation
             self.report(ctx, stages=len(ratios), threshold=0.0)
             return empty_indices(acc.device)
+        self.report(ctx, stages=len(ratios), threshold=threshold)
+        if self.adaptive and self.ratio < self.first_stage_ratio:
+            self._adapt(state, indices.numel() / k)
+        return indices
+
+    def _select_reference(self, acc: torch.Tensor, ratios: list[float]):
+        """Pure torch: (indices, threshold in |acc| units), or (None, 0) if all zero."""
+        mag = magnitudes(acc)
+        mean = mean_abs(mag)
+        if mean == 0.0:
+            return None, 0.0
         # a = |acc|/||acc||₂ in the paper; every fit is scale-equivariant, so the fits run
-        # on |acc| (rescaled only where float32 second moments would under/overflow) and
-        # the threshold is converted back to |acc| units for the report.
+        # on |acc| (rescaled only where second moments would under/overflow) and the
+        # threshold is converted back to |acc| units for the report.
         scale, mean = rescale_for_moments(mag, mean)
         threshold = self._first_threshold(mag, mean, ratios[0])
         pool = mag
@@ -232,11 +255,59 @@ class _SIDCo(ThresholdSparsifier):
             if pool.numel() == 0:  # nothing exceeds: later stages have nothing to fit
                 break
             threshold = self._later_threshold(pool, threshold, ratio)
-        indices = nonzero_indices(mag >= threshold)
-        self.report(ctx, stages=len(ratios), threshold=threshold * scale)
-        if self.adaptive and self.ratio < self.first_stage_ratio:
-            self._adapt(state, indices.numel() / k)
-        return indices
+        return nonzero_indices(mag >= threshold), threshold * scale
+
+    def _select_native(self, acc: torch.Tensor, ratios: list[float]):
+        """The same stages on fused native passes: one read of acc for the first fit's
+        statistics, one that compacts the first stage's survivors (positions and |acc|),
+        later stages on those survivors only, and the final selection from the last pool
+        (its threshold is above the pool's, so nothing outside it can pass). None when
+        the data need the reference path's rescaling."""
+        first = self.first_fit
+        st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
+        numel = st.count
+        mean = st.sum / numel
+        if mean == 0.0:
+            return None, 0.0
+        if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
+            return None
+        ratio = ratios[0]
+        if first == "exponential":
+            threshold = exponential_quantile(mean, ratio)
+        elif first == "gpareto":
+            mean_g, var = moments_from_sums(
+                mean, st.sumsq / numel,
+                lambda m: _native.stats(acc, shift=m, squares=True).sumsq / numel)
+            threshold = self._gpareto_threshold(
+                lambda: _native.stats(acc, extremes=True).min, 0.0, mean_g, var, ratio)
+        else:
+            threshold = self._gamma_threshold(
+                numel, st.nonzero, mean, st.log_sum / st.nonzero, ratio,
+                lambda: _native.stats(acc, above=0.0, extremes=True).min)
+        base, pool_idx, pool = None, None, acc
+        for ratio in ratios[1:]:
+            pool_idx, pool = _native.select(pool, threshold, strict=True, values=True,
+                                            index_map=pool_idx)
+            base = threshold
+            if pool.numel() == 0:
+                break
+            threshold = self._later_threshold_native(pool, threshold, ratio)
+        if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
+            return native_select(acc, threshold), threshold
+        return _native.select(pool, threshold, index_map=pool_idx)[0], threshold
+
+    def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float) -> float:
+        """_later_threshold on a pool of magnitudes, by fused native passes."""
+        gp = self.later_fit != "exponential"
+        st = _native.stats(pool, shift=t, squares=gp)
+        n = st.count
+        if not gp:
+            return t + exponential_quantile(st.sum / n, ratio)
+        mean, var = moments_from_sums(
+            st.sum / n, st.sumsq / n,
+            lambda m: _native.stats(pool, shift=t + m, squares=True).sumsq / n)
+        return self._gpareto_threshold(lambda: _native.stats(pool, extremes=True).min,
+                                       t, mean, var, ratio)
 
     def _adapt(self, state: dict, quality: float) -> None:
         """Adapt_Stages of Algorithm 1 on the mean k̂/k of the last adapt_interval steps."""
@@ -253,6 +324,12 @@ class _SIDCo(ThresholdSparsifier):
         state["stages"] = min(max(stages, 1), self.max_stages)
         state["quality_sum"] = 0.0
         state["quality_steps"] = 0
+
+
+def _above(threshold: float, base: float, dtype: torch.dtype) -> bool:
+    """Whether t > base once both are rounded to dtype (how the comparisons see them):
+    then {|x| ≥ t} lies inside the pool {|x| > base}."""
+    return float(torch.tensor(threshold, dtype=dtype)) > float(torch.tensor(base, dtype=dtype))
 
 
 @register("sidco_e")

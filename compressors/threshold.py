@@ -4,7 +4,17 @@ redsync, mstopk; SIDCo's fits live in compressors/sidco.py and share the base he
 
 All of them cost a few linear passes: |acc| is computed once (float32 for 16-bit
 inputs), candidate thresholds are scored by counting reductions, nothing is sorted, and
-indices are materialised once at the end with nonzero. Unlike Top-k, the number selected,
+indices are materialised once at the end with nonzero. Statistics are accumulated in
+float64.
+
+Two paths compute the same selection. The reference path is pure torch (it runs for
+16-bit, non-contiguous or accelerator tensors, when GRADCOMP_NATIVE=0, or when no C++
+compiler is present). The native path (compressors._native, contiguous CPU float32/float64)
+fuses each pass into one read of acc with no full-size temporary: no |acc| buffer, no
+mask, indices compacted in the same pass. Comparisons are made in acc's precision with
+the threshold rounded to it exactly as torch does, so for the same threshold both paths
+select the same indices; thresholds come from the same float64 statistics, summed in a
+different order (agreement to ~1e-16 relative). Unlike Top-k, the number selected,
 k̂, varies around the target k; how far is what the SIDCo paper's Figure 1(c) measures
 and what Outcome.selected / Outcome.target record.
 """
@@ -17,6 +27,7 @@ from typing import Any
 
 import torch
 
+from compressors import _native
 from compressors.base import Context, Protocol, Sparsifier
 from compressors.registry import register
 
@@ -42,6 +53,21 @@ def empty_indices(device: torch.device) -> torch.Tensor:
     return torch.empty(0, dtype=torch.int64, device=device)
 
 
+def use_native(acc: torch.Tensor) -> bool:
+    """Whether the fused native kernels take `acc` (see the module docstring)."""
+    return _native.supports(acc)
+
+
+def native_select(acc: torch.Tensor, threshold: float) -> torch.Tensor:
+    """Ascending int64 positions of |acc| ≥ threshold, in one fused pass (native path)."""
+    return _native.select(acc, threshold)[0]
+
+
+def mean_abs(mag: torch.Tensor) -> float:
+    """mean(|x|) of a magnitude tensor, accumulated in float64 (reference path)."""
+    return float(mag.sum(dtype=torch.float64)) / mag.numel()
+
+
 def count_at_least(values: torch.Tensor, threshold: float) -> tuple[int, torch.Tensor]:
     """#{values ≥ threshold} by one compare and a count_nonzero (a bool .sum() takes the
     slow int64 path on CPU), and the mask, for reuse as the final selection."""
@@ -63,23 +89,39 @@ def rescale_for_moments(mag: torch.Tensor, mean: float) -> tuple[float, float]:
         return 1.0, mean
     scale = mean if math.isfinite(mean) else float(mag.max())  # the sum overflowed
     mag.div_(scale)
-    return scale, float(mag.sum()) / mag.numel()
+    return scale, mean_abs(mag)
 
 
 def mean_and_variance(values: torch.Tensor, mean: float | None = None) -> tuple[float, float]:
-    """Population mean and variance of a 1-D float tensor, from a sum and a norm (two
-    fast reductions, no temporary; torch.var_mean is several times slower on CPU). The
-    norm's float32 accumulation is accurate to ~1e-4 relative, so when the variance is
-    small against the squared mean (cancellation) it is recomputed exactly."""
-    n = values.numel()
+    """Population mean and variance of a 1-D float tensor from float64 sums of y and y²;
+    when the variance is small against the squared mean (cancellation) it is recomputed
+    by a second pass around the mean. The reference of `moments_from_sums`."""
+    v = values.to(torch.float64)
+    n = v.numel()
     if mean is None:
-        mean = float(values.sum()) / n
-    second = float(torch.linalg.vector_norm(values)) ** 2 / n
+        mean = float(v.sum()) / n
+    second = float((v * v).sum()) / n
+    return moments_from_sums(mean, second, lambda m: float(((v - m) ** 2).sum()) / n)
+
+
+def moments_from_sums(mean: float, second: float, centred) -> tuple[float, float]:
+    """(mean, variance) from the mean and the mean square; `centred(mean)` gives the
+    mean squared deviation by a second pass, used only under cancellation."""
     var = second - mean * mean
     if not var > 1e-2 * mean * mean:
-        var_t, mean_t = torch.var_mean(values, correction=0)
-        mean, var = float(mean_t), float(var_t)
+        var = centred(mean)
     return mean, max(var, 0.0)
+
+
+def native_mean_and_variance(x: torch.Tensor, shift: float = 0.0) -> tuple[int, float, float]:
+    """(count, mean, variance) of |x| − shift over all of x, by the fused native kernel
+    (one pass; a second only under cancellation). x holds magnitudes or signed values."""
+    st = _native.stats(x, shift=shift, squares=True)
+    n = st.count
+    mean, var = moments_from_sums(
+        st.sum / n, st.sumsq / n,
+        lambda m: _native.stats(x, shift=shift + m, squares=True).sumsq / n)
+    return n, mean, var
 
 
 def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -134,9 +176,10 @@ class HardThreshold(ThresholdSparsifier):
             hint="λ is the fixed magnitude above which coordinates are sent")
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        mag = magnitudes(acc)
         self.report(ctx, threshold=self.lam)
-        return nonzero_indices(mag >= self.lam)
+        if use_native(acc):
+            return native_select(acc, self.lam)
+        return nonzero_indices(magnitudes(acc) >= self.lam)
 
 
 @register("gaussianksgd")
@@ -158,25 +201,38 @@ class GaussianKSGD(ThresholdSparsifier):
         self.corrections = check_positive_int(corrections, "corrections", minimum=0)
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        if use_native(acc):
+            n, mean_f, var_f = native_mean_and_variance(acc)
+            if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
+                return self._search(k, ctx, mean_f, var_f, 1.0,
+                                    lambda t: (_native.count(acc, t), None),
+                                    lambda t, _: native_select(acc, t))
+            if mean_f == 0.0:
+                self.report(ctx, threshold=0.0, corrections=0)
+                return empty_indices(acc.device)
         mag = magnitudes(acc)
-        mean_f = float(mag.sum()) / mag.numel()
+        mean_f = mean_abs(mag)
         if mean_f == 0.0:  # all zero: nothing worth sending
             self.report(ctx, threshold=0.0, corrections=0)
             return empty_indices(acc.device)
         scale, mean_f = rescale_for_moments(mag, mean_f)
         mean_f, var_f = mean_and_variance(mag, mean_f)
-        std_f = math.sqrt(var_f)
+        return self._search(k, ctx, mean_f, var_f, scale, lambda t: count_at_least(mag, t),
+                            lambda t, mask: nonzero_indices(mask))
+
+    def _search(self, k, ctx, mean_f, var_f, scale, count_fn, select_fn) -> torch.Tensor:
+        """The threshold rule and its corrections, on either path's counting pass."""
         z = -NormalDist().inv_cdf(self.ratio / 2) if self.ratio < 1 else 0.0
-        t = mean_f + z * std_f
+        t = mean_f + z * math.sqrt(var_f)
         used = 0
         while True:
-            count, mask = count_at_least(mag, t)
+            count, mask = count_fn(t)
             if used == self.corrections or 2 * k <= 3 * count <= 4 * k:
                 break
             t *= 0.5 if 3 * count < 2 * k else 1.5
             used += 1
         self.report(ctx, threshold=t * scale, corrections=used)
-        return nonzero_indices(mask)
+        return select_fn(t, mask)
 
 
 @register("redsync")
@@ -198,20 +254,35 @@ class RedSync(ThresholdSparsifier):
             hint="the bisection on r ∈ [0, 1] stops below this width")
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        if use_native(acc):
+            st = _native.stats(acc, extremes=True)
+            mean_f = st.sum / st.count
+            if st.max == 0.0:
+                self.report(ctx, threshold=0.0, converged=False, probes=0)
+                return empty_indices(acc.device)
+            if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
+                return self._search(k, ctx, mean_f, st.max, 1.0,
+                                    lambda t: (_native.count(acc, t), None),
+                                    lambda t, _: native_select(acc, t))
         mag = magnitudes(acc)
         max_f = float(mag.max())
         if max_f == 0.0:
             self.report(ctx, threshold=0.0, converged=False, probes=0)
             return empty_indices(acc.device)
-        scale, mean_f = rescale_for_moments(mag, float(mag.sum()) / mag.numel())
+        scale, mean_f = rescale_for_moments(mag, mean_abs(mag))
         max_f = float(mag.max()) if scale != 1.0 else max_f
+        return self._search(k, ctx, mean_f, max_f, scale, lambda t: count_at_least(mag, t),
+                            lambda t, mask: nonzero_indices(mask))
+
+    def _search(self, k, ctx, mean_f, max_f, scale, count_fn, select_fn) -> torch.Tensor:
+        """The bisection on r, on either path's counting pass."""
         lo, hi = 0.0, 1.0
         probes = 0
         converged = False
         while True:
             r = 0.5 * (lo + hi)
             t = mean_f + r * (max_f - mean_f)
-            count, mask = count_at_least(mag, t)
+            count, mask = count_fn(t)
             probes += 1
             if k <= count <= self.accept_factor * k:
                 converged = True
@@ -223,7 +294,7 @@ class RedSync(ThresholdSparsifier):
             if hi - lo < self.min_interval:
                 break
         self.report(ctx, threshold=t * scale, converged=converged, probes=probes)
-        return nonzero_indices(mask)
+        return select_fn(t, mask)
 
 
 @register("mstopk")
@@ -253,7 +324,7 @@ class MSTopK(ThresholdSparsifier):
         if max_f == 0.0:
             self.report(ctx, threshold=0.0, count=0)
             return empty_indices(acc.device)
-        scale, mean_f = rescale_for_moments(mag, float(mag.sum()) / numel)
+        scale, mean_f = rescale_for_moments(mag, mean_abs(mag))
         max_f = float(mag.max()) if scale != 1.0 else max_f
         count, mask = count_at_least(mag, mean_f)
         if count > k:

@@ -1,0 +1,254 @@
+"""Optional native kernels for the magnitude passes of the threshold sparsifiers.
+
+`kernels.cpp` (next to this file) is a plain C-ABI library with no torch headers: it is
+compiled with the system C++ compiler at first use (about a second) into a cache folder
+and loaded with ctypes. Everything here is optional: when no compiler is found, the
+build fails, the tensor is not a contiguous CPU float32/float64 tensor, or the
+environment says GRADCOMP_NATIVE=0, `available()` / `supports()` answer False and the
+callers take their pure-torch reference path, which selects the same elements.
+
+Environment:
+  GRADCOMP_NATIVE=0          never build or load the library (the reference paths run)
+  GRADCOMP_NATIVE_CACHE=DIR  where the built library is kept (default
+                             $XDG_CACHE_HOME/gradcomp-repro or ~/.cache/gradcomp-repro)
+  CXX                        the compiler (default: c++, then g++, then clang++)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+ABI_VERSION = 1
+# Below this many elements per thread a second thread costs more than it saves.
+MIN_PER_THREAD = 1 << 17
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+_error: str | None = None
+
+_C_INT64 = ctypes.c_int64
+_P = ctypes.c_void_p
+_SUFFIX = {torch.float32: "f32", torch.float64: "f64"}
+
+
+def enabled_by_environment() -> bool:
+    return os.environ.get("GRADCOMP_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def cache_dir() -> Path:
+    explicit = os.environ.get("GRADCOMP_NATIVE_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "gradcomp-repro"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+def _cpu_signature() -> str:
+    """What -march=native depends on: a library built for another CPU is never reused."""
+    text = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("model name", "flags")):
+                    text += line
+                if line.startswith("flags"):
+                    break
+    except OSError:
+        pass
+    return text
+
+
+_BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
+
+
+def _build(compiler: str) -> Path:
+    source = SOURCE.read_bytes()
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                             timeout=60).stdout
+    key = hashlib.sha256(source + version.encode() + _cpu_signature().encode()
+                         + " ".join(_BASE_FLAGS).encode()).hexdigest()[:16]
+    folder = cache_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"gradcomp_kernels_{ABI_VERSION}_{key}.so"
+    if target.exists():
+        return target
+    # Built under a private name, then renamed: concurrent first uses (several ranks,
+    # pytest workers) never load a half-written file.
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        errors = []
+        for arch in (["-march=native"], []):
+            cmd = [compiler, *_BASE_FLAGS, *arch, str(SOURCE), "-o", tmp]
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+            if done.returncode == 0:
+                os.replace(tmp, target)
+                return target
+            errors.append(f"{' '.join(cmd)}:\n{done.stderr.strip()[-2000:]}")
+        raise RuntimeError("\n".join(errors))
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for suffix, ptr in (("f32", ctypes.c_void_p), ("f64", ctypes.c_void_p)):
+        f = getattr(lib, f"gc_stats_{suffix}")
+        f.argtypes = [ptr, _C_INT64, ctypes.c_int, ctypes.c_int, ctypes.c_double,
+                      ctypes.c_double, ctypes.c_int, _P]
+        f.restype = None
+        f = getattr(lib, f"gc_count_{suffix}")
+        f.argtypes = [ptr, _C_INT64, ctypes.c_int, ctypes.c_double, ctypes.c_int]
+        f.restype = _C_INT64
+        f = getattr(lib, f"gc_select_begin_{suffix}")
+        f.argtypes = [ptr, _P, _C_INT64, ctypes.c_int, ctypes.c_double, ctypes.c_int,
+                      ctypes.c_int, _C_INT64, ctypes.POINTER(_C_INT64)]
+        f.restype = _P
+        f = getattr(lib, f"gc_select_take_{suffix}")
+        f.argtypes = [_P, _P, _P, _P]
+        f.restype = None
+    lib.gc_abi_version.restype = ctypes.c_int
+
+
+def load() -> ctypes.CDLL | None:
+    """The library, building it on first use; None (with the reason in `error()`) when
+    disabled or unavailable. Never raises: a missing compiler means the reference path."""
+    global _lib, _tried, _error
+    if not enabled_by_environment():
+        return None
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        try:
+            compiler = _compiler()
+            if compiler is None:
+                raise RuntimeError("no C++ compiler found (set CXX, or install g++)")
+            lib = ctypes.CDLL(str(_build(compiler)))
+            _declare(lib)
+            if lib.gc_abi_version() != ABI_VERSION:
+                raise RuntimeError("stale library in the cache (ABI version differs)")
+            _lib = lib
+        except Exception as exc:  # any failure: fall back, say why once
+            _error = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"gradcomp native kernels unavailable, using the pure-torch "
+                          f"paths ({_error})", RuntimeWarning, stacklevel=2)
+            _lib = None
+        _tried = True
+    return _lib
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def error() -> str | None:
+    """Why the library could not be built or loaded (None when it was, or not tried)."""
+    return _error
+
+
+def supports(t: torch.Tensor) -> bool:
+    """Whether the kernels take this tensor: contiguous 1-D-able CPU float32/float64."""
+    return (t.device.type == "cpu" and t.dtype in _SUFFIX and t.is_contiguous()
+            and t.numel() > 0 and not t.requires_grad and available())
+
+
+def _threads(n: int) -> int:
+    return max(1, min(torch.get_num_threads(), n // MIN_PER_THREAD))
+
+
+def _fn(name: str, t: torch.Tensor):
+    lib = load()
+    if lib is None:
+        raise RuntimeError(f"native kernels unavailable ({_error or 'GRADCOMP_NATIVE=0'}); "
+                           "check supports() first")
+    return getattr(lib, f"{name}_{_SUFFIX[t.dtype]}")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Over the elements counted (all, or |x| > above): count, Σy, Σy² with y = |x| − shift,
+    max and min of |x| among them; over all elements: max, nonzeros and Σ ln|x| (x ≠ 0)."""
+
+    count: int
+    sum: float
+    sumsq: float
+    max: float
+    min: float
+    nonzero: int
+    log_sum: float
+
+
+def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
+          squares: bool = False, extremes: bool = False, logs: bool = False) -> Stats:
+    """One read pass of |x| (see Stats). `above` compares in x's precision as torch does;
+    Σy² only with `squares`; max, min and nonzeros only with `extremes` (or `logs`)."""
+    out = (ctypes.c_double * 7)()
+    n = x.numel()
+    flags = (1 if squares else 0) | (2 if extremes else 0) | (4 if logs else 0)
+    _fn("gc_stats", x)(x.data_ptr(), n, _threads(n), int(above is None),
+                       0.0 if above is None else float(above), float(shift), flags, out)
+    return Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+
+
+def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
+    """#{|x| ≥ t} (#{|x| > t} when strict), t rounded to x's precision as torch does."""
+    n = x.numel()
+    return int(_fn("gc_count", x)(x.data_ptr(), n, _threads(n), float(t), int(strict)))
+
+
+def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False,
+           index_map: torch.Tensor | None = None, reserve: int = 0,
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
+    `values`, their |x| (x's dtype). With `index_map` (int64, one per element of x) the
+    positions are mapped through it. One read pass; outputs allocated at their exact size."""
+    n = x.numel()
+    total = _C_INT64(0)
+    handle = _fn("gc_select_begin", x)(
+        x.data_ptr(), None if index_map is None else index_map.data_ptr(), n, _threads(n),
+        float(t), int(strict), int(values), int(reserve), ctypes.byref(total))
+    if not handle:
+        raise MemoryError("native selection could not allocate its buffers")
+    idx = torch.empty(total.value, dtype=torch.int64)
+    val = torch.empty(total.value, dtype=x.dtype) if values else None
+    _fn("gc_select_take", x)(handle, idx.data_ptr(), None,
+                             None if val is None else val.data_ptr())
+    return idx, val
+
+
+def _main() -> int:  # python -m compressors._native: build now and say where it is
+    lib = load()
+    if lib is None:
+        print(f"native kernels unavailable: {_error or 'disabled by GRADCOMP_NATIVE'}",
+              file=sys.stderr)
+        return 1
+    print(f"native kernels loaded from {lib._name}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

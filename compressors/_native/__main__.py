@@ -1,0 +1,3 @@
+from compressors._native import _main
+
+raise SystemExit(_main())

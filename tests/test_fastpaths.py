@@ -1,0 +1,193 @@
+"""The native fused kernels (compressors._native) select exactly what the pure-torch
+reference paths select, and everything falls back cleanly without them.
+
+The reference path is forced with GRADCOMP_NATIVE=0 (read at every call)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import compressors
+from compressors import Session, _native, drive
+
+needs_native = pytest.mark.skipif(not _native.available(),
+                                  reason=f"native kernels unavailable: {_native.error()}")
+
+SPARSIFIERS = ["hard_threshold", "gaussianksgd", "redsync", "sidco_e", "sidco_gp", "sidco_p",
+               "dgc", "dragonn"]
+SIZES = [1, 7, 9, 1000, 2**17 + 3, 300_001]
+
+
+def _laplace(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+    return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(dtype)
+
+
+def _reference(monkeypatch, fn):
+    with monkeypatch.context() as m:
+        m.setenv("GRADCOMP_NATIVE", "0")
+        assert not _native.supports(torch.zeros(3))
+        return fn()
+
+
+# -- kernels against torch ---------------------------------------------------------------
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", SIZES)
+def test_select_and_count_match_torch(n, dtype):
+    x = _laplace(n, dtype, seed=n)
+    mag = x.abs()
+    ts = [0.0, float(mag.median()), float(mag.max()), float(mag.max()) * 2, 2.5e-3,
+          float(mag[n // 2]), 1e-3 + 1e-12]  # last: rounds in float32 as torch rounds it
+    for t in ts:
+        for strict in (False, True):
+            mask = mag > t if strict else mag >= t
+            expected = mask.nonzero().view(-1)
+            idx, val = _native.select(x, t, strict=strict, values=True)
+            assert idx.dtype == torch.int64 and torch.equal(idx, expected), (t, strict)
+            assert torch.equal(val, mag[expected])
+            assert _native.count(x, t, strict=strict) == expected.numel()
+
+
+@needs_native
+def test_ties_signed_zeros_nan_and_mapped_pools():
+    x = torch.tensor([0.5, -0.5, 0.25, -0.0, 0.0, float("nan"), 0.5, -1.0, 0.5, 0.75] * 5000)
+    for t in (0.5, 0.0, 1.0, 2.0):
+        for strict in (False, True):
+            mask = x.abs() > t if strict else x.abs() >= t  # NaN compares False in both
+            idx, _ = _native.select(x, t, strict=strict)
+            assert torch.equal(idx, mask.nonzero().view(-1))
+    pool_idx, pool = _native.select(x, 0.25, strict=True, values=True)
+    idx, _ = _native.select(pool, 0.5, index_map=pool_idx)
+    assert torch.equal(idx, (x.abs() >= 0.5).nonzero().view(-1))
+    empty, vals = _native.select(x, 5.0, values=True)
+    assert empty.numel() == 0 and vals.numel() == 0 and empty.dtype == torch.int64
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_stats_match_float64_reductions(dtype):
+    x = _laplace(300_001, dtype, seed=3)
+    x[::7] = 0.0
+    a = x.abs().double()
+    st = _native.stats(x, squares=True, extremes=True, logs=True)
+    assert st.count == x.numel() and st.nonzero == int((a > 0).sum())
+    assert st.sum == pytest.approx(float(a.sum()), rel=1e-13)
+    assert st.sumsq == pytest.approx(float((a * a).sum()), rel=1e-13)
+    assert st.max == float(a.max()) and st.min == 0.0
+    assert st.log_sum == pytest.approx(float(a[a > 0].log().sum()), rel=1e-12)
+    t = float(a.median())
+    above = _native.stats(x, above=t, shift=t, squares=True, extremes=True)
+    sel = a[x.abs() > t].double()
+    assert above.count == sel.numel() and above.min == float(sel.min())
+    assert above.sum == pytest.approx(float((sel - t).sum()), rel=1e-12)
+    assert above.sumsq == pytest.approx(float(((sel - t) ** 2).sum()), rel=1e-12)
+    # Fixed blocks: the result does not depend on the thread count.
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _native.stats(x, squares=True)
+    finally:
+        torch.set_num_threads(before)
+    assert (one.sum, one.sumsq) == (_native.stats(x, squares=True).sum,
+                                    _native.stats(x, squares=True).sumsq)
+
+
+# -- compressors: native path == reference path ------------------------------------------
+
+def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
+    session = Session(compressors.build(name, ratio=ratio), world_size=1, feedback="none",
+                      seed=11, measure=False)
+    return [drive([session.exchange("g", g, step)])[0] for step, g in enumerate(grads)]
+
+
+def _inputs(kind: str, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
+    if kind == "laplace":
+        return [_laplace(n, dtype, seed=s) for s in range(6)]
+    if kind == "ties":  # few distinct magnitudes: many elements sit exactly at thresholds
+        g = torch.Generator().manual_seed(5)
+        return [(torch.randint(-8, 9, (n,), generator=g).to(dtype) * 2.5e-4) for _ in range(3)]
+    if kind == "zeros":
+        return [torch.zeros(n, dtype=dtype)]
+    if kind == "sparse":  # mostly zeros, a few nonzeros
+        x = torch.zeros(n, dtype=dtype)
+        x[:: max(1, n // 50)] = _laplace(len(range(0, n, max(1, n // 50))), dtype)
+        return [x]
+    raise AssertionError(kind)
+
+
+@needs_native
+@pytest.mark.parametrize("name", SPARSIFIERS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind, n, ratio", [
+    ("laplace", 1000, 0.01), ("laplace", 200_003, 0.001), ("laplace", 200_003, 0.1),
+    ("ties", 50_000, 0.01), ("zeros", 4096, 0.01), ("sparse", 100_000, 0.001),
+])
+def test_native_path_selects_exactly_what_the_reference_selects(monkeypatch, name, dtype, kind,
+                                                                n, ratio):
+    grads = _inputs(kind, n, dtype)
+    fast = _run(name, grads, ratio)
+    slow = _reference(monkeypatch, lambda: _run(name, grads, ratio))
+    for f, s in zip(fast, slow):
+        assert torch.equal(f.sent.indices, s.sent.indices)
+        assert torch.equal(f.sent.values, s.sent.values)
+        assert torch.equal(f.aggregate, s.aggregate)
+        assert f.extra.keys() == s.extra.keys()
+        for key, value in s.extra.items():
+            assert f.extra[key] == pytest.approx(value, rel=1e-12, abs=0), key
+
+
+@needs_native
+@pytest.mark.parametrize("name", SPARSIFIERS)
+def test_bad_input_refused_the_same_way_on_both_paths(monkeypatch, name):
+    bad = _laplace(1000, torch.float32)
+    bad[3] = float("nan")
+    session = Session(compressors.build(name, ratio=0.01), world_size=1)
+    with pytest.raises(FloatingPointError) as fast:
+        drive([session.exchange("g", bad, 0)])
+
+    def slow_error():
+        with pytest.raises(FloatingPointError) as err:
+            drive([Session(compressors.build(name, ratio=0.01), world_size=1)
+                   .exchange("g", bad, 0)])
+        return str(err.value)
+
+    assert str(fast.value) == _reference(monkeypatch, slow_error)
+    with pytest.raises(ValueError, match="out of range"):
+        compressors.build(name, ratio=1.5)
+
+
+def test_unsupported_tensors_take_the_reference_path():
+    assert not _native.supports(torch.zeros(10, dtype=torch.float16))
+    assert not _native.supports(torch.zeros(10, 2).t())  # not contiguous
+    assert not _native.supports(torch.zeros(0))
+
+
+# -- fallback ----------------------------------------------------------------------------
+
+def test_disabled_by_environment(monkeypatch):
+    monkeypatch.setenv("GRADCOMP_NATIVE", "0")
+    assert _native.load() is None and not _native.available()
+    out = _run("sidco_e", [_laplace(10_000, torch.float32)], 0.01)[0]
+    assert out.selected > 0
+
+
+def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setattr(_native, "_lib", None)
+    monkeypatch.setattr(_native, "_tried", False)
+    monkeypatch.setattr(_native, "_error", None)
+    monkeypatch.setattr(_native, "_compiler", lambda: None)
+    monkeypatch.setenv("GRADCOMP_NATIVE_CACHE", str(tmp_path))
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
+        assert _native.load() is None
+    assert "no C++ compiler" in _native.error()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once, not at every call
+        assert not _native.supports(torch.zeros(5))
+        out = _run("dgc", [_laplace(10_000, torch.float32)], 0.01)[0]
+    assert out.selected > 0
