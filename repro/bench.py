@@ -373,6 +373,18 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
     floor = {"device": str(dev), "numel": size, "sum_abs_ms": 1e3 * sum_s,
              "l1_norm_ms": 1e3 * l1_s, "sum_abs_min_ms": 1e3 * sum_min,
              "l1_norm_min_ms": 1e3 * l1_min}
+    if "thc" in names or "thc_uniform" in names:
+        # THC's reference: one fast Walsh–Hadamard transform of the padded vector.
+        from compressors.thc import fwht_, next_power_of_two
+
+        padded = torch.zeros(next_power_of_two(size), dtype=torch.float32, device=dev)
+        (fwht_s,), (fwht_min,), _ = repeat_median(
+            lambda: (timed(lambda: fwht_(padded, normalize=False), dev),), repeats, budget_s)
+        floor.update(fwht_ms=1e3 * fwht_s, fwht_min_ms=1e3 * fwht_min,
+                     fwht_numel=padded.numel())
+        del padded
+    native = getattr(compressors, "_native", None)
+    floor["native_kernels"] = bool(native is not None and native.supports(x))
     report["floor"].append(floor)
 
     def cap_note(what: str, n: int) -> None:
@@ -403,6 +415,8 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
                 reference[ratio] = enc
             ref = reference.get(ratio) if ratio is not None else None
             selected = last["outcome"].selected
+            probes = last["outcome"].extra.get("probes")
+            fwht = floor.get("fwht_ms")
             report["encode"].append({
                 "device": str(dev), "numel": size, "compressor": name, "ratio": ratio,
                 "k": target_k(size, ratio) if ratio is not None else None,
@@ -413,6 +427,12 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
                 "encode_over_l1": enc / l1_s if l1_s > 0 else None,
                 "encode_over_topk": enc / ref if ref else None,
                 "speedup_over_topk": ref / enc if ref and enc > 0 else None,
+                # RedSync: the goal is per iteration of its threshold search.
+                "probes": probes,
+                "encode_per_probe_over_floor": (enc / probes / sum_s
+                                                if probes and sum_s > 0 else None),
+                "encode_over_fwht": (1e3 * enc / fwht
+                                     if fwht and name.startswith("thc") else None),
             })
 
     for ratio in ratios:

@@ -183,3 +183,14 @@ def test_cuda_bench_runs():
                              devices="cuda", decode_workers=[2])
     assert all(e["device"].startswith("cuda") for e in report["encode"])
     assert all(e["encode_ms"] > 0 for e in report["encode"])
+
+
+def test_fwht_floor_redsync_probes_and_native_flag():
+    report = bench.run_bench(["redsync", "thc"], sizes=[20_000], ratios=[0.01], repeats=1,
+                             threads=1, devices="cpu", decode_workers=[2])
+    floor = report["floor"][0]
+    assert floor["fwht_numel"] == 32_768 and 0 < floor["fwht_min_ms"] <= floor["fwht_ms"]
+    assert isinstance(floor["native_kernels"], bool)
+    cells = {e["compressor"]: e for e in report["encode"]}
+    assert cells["redsync"]["probes"] >= 1 and cells["redsync"]["encode_per_probe_over_floor"] > 0
+    assert cells["thc"]["encode_over_fwht"] > 0 and cells["topk"]["encode_over_fwht"] is None
