@@ -284,30 +284,43 @@ class _SIDCo(ThresholdSparsifier):
             threshold = self._gamma_threshold(
                 numel, st.nonzero, mean, st.log_sum / st.nonzero, ratio,
                 lambda: _native.stats(acc, above=0.0, extremes=True).min)
+        # Stage 2 fits the exceedances straight from acc (a stats pass with no output);
+        # from stage 3 on, the survivors (a fraction δ₁·δ₂ of acc) are compacted once
+        # with their positions and later passes read only them.
         base, pool_idx, pool = None, None, acc
-        for ratio in ratios[1:]:
-            pool_idx, pool = _native.select(pool, threshold, strict=True, values=True,
-                                            index_map=pool_idx)
-            base = threshold
-            if pool.numel() == 0:
+        for stage, ratio in enumerate(ratios[1:]):
+            if stage > 0:
+                pool_idx, pool = _native.select(pool, threshold, strict=True, values=True,
+                                                index_map=pool_idx,
+                                                reserve=int(2 * ratio * pool.numel()))
+                base = threshold
+                if pool.numel() == 0:
+                    break
+            new = self._later_threshold_native(pool, threshold, ratio,
+                                               above=threshold if stage == 0 else None)
+            if new is None:  # nothing exceeds: later stages have nothing to fit
                 break
-            threshold = self._later_threshold_native(pool, threshold, ratio)
+            threshold = new
         if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
             return native_select(acc, threshold), threshold
         return _native.select(pool, threshold, index_map=pool_idx)[0], threshold
 
-    def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float) -> float:
-        """_later_threshold on a pool of magnitudes, by fused native passes."""
+    def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float,
+                                above: float | None = None) -> float | None:
+        """_later_threshold by fused native passes, on the elements of `pool` above
+        `above` (all of them when None: a compacted pool); None when there are none."""
         gp = self.later_fit != "exponential"
-        st = _native.stats(pool, shift=t, squares=gp)
+        st = _native.stats(pool, above=above, shift=t, squares=gp)
         n = st.count
+        if n == 0:
+            return None
         if not gp:
             return t + exponential_quantile(st.sum / n, ratio)
         mean, var = moments_from_sums(
             st.sum / n, st.sumsq / n,
-            lambda m: _native.stats(pool, shift=t + m, squares=True).sumsq / n)
-        return self._gpareto_threshold(lambda: _native.stats(pool, extremes=True).min,
-                                       t, mean, var, ratio)
+            lambda m: _native.stats(pool, above=above, shift=t + m, squares=True).sumsq / n)
+        return self._gpareto_threshold(
+            lambda: _native.stats(pool, above=above, extremes=True).min, t, mean, var, ratio)
 
     def _adapt(self, state: dict, quality: float) -> None:
         """Adapt_Stages of Algorithm 1 on the mean k̂/k of the last adapt_interval steps."""
