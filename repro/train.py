@@ -238,6 +238,7 @@ class Trainer:
         self.setup_compression()
         self.t_start = time.perf_counter()
         resumed = self.resume()
+        resumed_from = self.step if resumed else None
         writer = wandb = None
         if self.is_main:
             os.makedirs(self.ckpt_dir, exist_ok=True)
@@ -295,6 +296,10 @@ class Trainer:
             "metric": self.task.metric, "target": self.task.target,
             "higher_is_better": self.task.higher_is_better,
             "data_source": self.task.data_source, **final, **self.best,
+            # How this process got here: the checkpoint step it resumed from (None: from
+            # scratch) and torchrun's relaunch count.
+            "resumed_from_step": resumed_from,
+            "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         }
         if self.is_main:
             writer.write_summary(summary)
@@ -528,8 +533,19 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
                      init_method: str | None = None) -> tuple[int, int]:
     """Join the process group: from torchrun's environment, or from spawn's arguments."""
     backend = cfg.cluster.backend
-    if rank is None:
-        dist.init_process_group(backend)  # env:// from torchrun
+    if rank is None:  # under torchrun
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The elastic agent's store outlives a relaunch, and with it the previous
+            # attempt's keys (rank addresses): relaunched ranks would read a dead rank's
+            # address. A per-attempt prefix keeps each attempt's rendezvous apart.
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  world_size, is_master=False)
+            store = dist.PrefixStore(f"gradcomp/attempt_{restart}", agent)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+        else:
+            dist.init_process_group(backend)  # env://
     else:
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
     if cfg.cluster.device.startswith("cuda"):
