@@ -1,0 +1,601 @@
+"""SIDCo (Abdelmoniem et al., MLSys 2021) figures: Fig. 1 (speed-up over Top-k and
+estimation quality on VGG-16 gradients), Fig. 3 (LSTM-PTB: speed-up, throughput,
+estimation quality per ratio), Fig. 5 (ResNet-20 / VGG-16), Fig. 9 (smoothed compression
+ratio over training) and Fig. 16 (compression latency on synthetic tensors).
+
+The paper ran on 8 machines with one V100 each and 10 Gbps NICs (compression on the GPU,
+and on the CPU for Figs. 1(b), 16(e–h)). Here compression is timed on this CPU, and the
+training figures run simulated workers on stand-in data with their communication projected
+onto 8 workers at 10 Gbps (repro/figures/_sidco_dragonn.py says how).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+from repro import bench, measure
+from repro.figures._sidco_dragonn import (
+    COLOURS,
+    RunStats,
+    bench_cpu_note,
+    claim_row,
+    compressor_overrides,
+    encode_cell,
+    fmt_size,
+    label,
+    param_count,
+    pyplot,
+    quality_per_time,
+    records_as_rows,
+    smooth,
+    train_grid,
+)
+from repro.figures.base import Context, Row, figure
+
+PAPER_HW = ("8 machines × 1 NVIDIA V100-16GB (2 × 16-core Xeon 4112), 10 Gbps NICs, "
+            "PyTorch 1.1, Horovod 0.16.4; compression on GPU, and on CPU for the CPU panels")
+RATIOS = (0.1, 0.01, 0.001)
+ESTIMATORS = ("dgc", "redsync", "gaussianksgd", "sidco_e", "sidco_gp", "sidco_p")
+SPEED_SET = ("topk", *ESTIMATORS)
+QUALITY_BAND = (0.8, 1.2)  # SIDCo's ε_L = ε_H = 20%
+CPU = "this 2-core CPU, shared"
+
+
+def _band(x: float | None) -> bool | None:
+    return None if x is None else QUALITY_BAND[0] <= x <= QUALITY_BAND[1]
+
+
+# -- Fig. 16: latency / speed-up on synthetic tensors --------------------------------------
+
+
+def _mem_available_gib() -> float:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return 0.0
+
+
+BIG = 260_000_000
+BIG_MEMORY_GIB = 12.0  # the 260M tensor, its |x|, the synthetic draw's float64 temporaries
+
+
+@figure(
+    id="sidco-fig16", paper="sidco",
+    title="Compression speed-up over Top-k on synthetic tensors of 0.26M–26M (260M capped) "
+          "elements, CPU-measured",
+    kind="benchmark", hardware=PAPER_HW,
+    expected="on the CPU, threshold estimators (SIDCo) are faster than Top-k and DGC, and DGC is "
+             "the slowest (Top-k beats it); SIDCo improves over DGC by ≥ 2× on GPU and more on CPU",
+    est_seconds={"smoke": 4, "full": 200},
+)
+def fig16(ctx: Context) -> list[Row]:
+    names = ["dgc", "redsync", "gaussianksgd", "sidco_e", "sidco_gp", "sidco_p"]
+    if ctx.smoke:
+        sizes, ratios, repeats = [26_000, 260_000], [0.01, 0.001], 2
+    else:
+        sizes, ratios, repeats = [260_000, 2_600_000, 26_000_000], list(RATIOS), 3
+    report = bench.run_bench(names, sizes=sizes, ratios=ratios, repeats=repeats, devices="cpu",
+                             decode_workers=[], budget_s=6.0, progress=ctx.say)
+    big_note = None
+    encode = list(report["encode"])
+    if not ctx.smoke:
+        avail = _mem_available_gib()
+        if avail >= BIG_MEMORY_GIB:
+            # Capped: one ratio (0.001), Top-k / DGC / SIDCo-E, one timed call after warm-up.
+            big = bench.run_bench(["dgc", "sidco_e"], sizes=[BIG], ratios=[0.001], repeats=1,
+                                  devices="cpu", decode_workers=[], budget_s=1.0, progress=ctx.say)
+            encode += big["encode"]
+            big_note = "260M: δ=0.001, Top-k/DGC/SIDCo-E only, 1 timed call (capped for time)"
+        else:
+            big_note = (f"260M skipped: {avail:.1f} GiB available, {BIG_MEMORY_GIB:g} GiB needed")
+        ctx.say(big_note)
+    ctx.write_csv("latency", [
+        {k: e[k] for k in ("numel", "compressor", "ratio", "k", "k_hat", "encode_ms", "encode_min_ms",
+                           "decode_ms", "speedup_over_topk", "encode_over_floor", "repeats")}
+        for e in encode])
+    all_sizes = sorted({e["numel"] for e in encode})
+    cells = {(e["compressor"], e["numel"], e["ratio"]): e for e in encode}
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(all_sizes), figsize=(4.2 * len(all_sizes), 4), sharey=True)
+    axes = np.atleast_1d(axes)
+    width = 0.8 / (len(names) + 1)
+    for ax, s in zip(axes, all_sizes):
+        for j, n in enumerate(["topk", *names]):
+            ys = [cells[(n, s, r)]["speedup_over_topk"] if (n, s, r) in cells else np.nan for r in ratios]
+            ax.bar(np.arange(len(ratios)) + j * width, ys, width, color=COLOURS[n], label=label(n))
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
+        ax.set_xlabel("ratio δ")
+        ax.set_yscale("log")
+        ax.set_title(f"{fmt_size(s)} elements ({4 * s / 1e6:.3g} MB)")
+    axes[0].set_ylabel("speed-up over Top-k (Top-k time / encode time, ×)")
+    axes[0].legend(fontsize=7)
+    title = f"SIDCo Fig. 16(e–h) on this CPU ({bench_cpu_note(report)}), Laplace tensors"
+    if big_note:
+        title += f"\n{big_note}"
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.88))
+    ctx.save_plot(fig)
+
+    rows = []
+    for s in all_sizes:
+        rs = [r for r in ratios if ("sidco_e", s, r) in cells]
+        sp_e = [cells[("sidco_e", s, r)]["speedup_over_topk"] for r in rs]
+        sp_dgc = [cells[("dgc", s, r)]["speedup_over_topk"] for r in rs]
+        e_over_dgc = [cells[("dgc", s, r)]["encode_ms"] / cells[("sidco_e", s, r)]["encode_ms"] for r in rs]
+        setting = f"{fmt_size(s)} elements, δ ∈ {{{', '.join(f'{r:g}' for r in rs)}}}, CPU"
+        rows.append(claim_row(
+            setting, "SIDCo-E speed-up over Top-k (min over δ)",
+            ctx.reference_value("synthetic tensors, CPU", "SIDCo-E speed-up over Top-k (lower bound)"),
+            min(sp_e), min(sp_e) > 1, "SIDCo-E compresses faster than Top-k on the CPU", CPU, "×"))
+        rows.append(claim_row(
+            setting, "DGC speed-up over Top-k (max over δ)",
+            ctx.reference_value("synthetic tensors, CPU", "DGC speed-up over Top-k (upper bound)"),
+            max(sp_dgc), max(sp_dgc) < 1,
+            "on the CPU DGC is the slowest and Top-k beats it (random sampling is slow on CPU)",
+            CPU + "; torch's CPU sampling and top-k differ from PyTorch 1.1's", "×"))
+        rows.append(claim_row(
+            setting, "SIDCo-E speed-up over DGC (min over δ)",
+            ctx.reference_value("synthetic tensors, CPU", "SIDCo-E speed-up over DGC (lower bound)"),
+            min(e_over_dgc), min(e_over_dgc) >= 2,
+            "SIDCo improves over DGC by at least 2× (GPU), more on the CPU", CPU, "×"))
+    if big_note and "skipped" in big_note:
+        rows.append(Row("260M elements", "SIDCo-E speed-up over Top-k", None, None, "not comparable",
+                        f"not run: {big_note}"))
+    return rows
+
+
+# -- Fig. 1: VGG-16 gradients --------------------------------------------------------------
+
+
+def vgg16_gradients(ctx: Context, workers: int) -> str:
+    """Real gradients of the tasks' VGG-16 (paper size: 14.7M parameters in the full
+    variant) on stand-in images, one batch per worker, flattened over all layers and saved
+    as a list of per-worker tensors (cached under the figure's runs/, never committed)."""
+    import tasks
+
+    size = "smoke" if ctx.smoke else "paper"
+    path = ctx.runs_root / f"vgg16_{size}_grads_w{workers}.pt"
+    if path.exists():
+        return str(path)
+    ctx.runs_root.mkdir(parents=True, exist_ok=True)
+    task = tasks.build_task("cifar10_vgg16", size=size, data="standin", batch_size=8, seed=0)
+    model = task.build_model()
+    grads = []
+    for rank in range(workers):
+        batch = next(iter(task.train_batches(rank, workers, 0)))
+        model.zero_grad(set_to_none=True)
+        task.loss(model, batch).backward()
+        grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
+    tmp = path.with_suffix(".tmp")
+    torch.save(grads, tmp)
+    os.replace(tmp, path)
+    ctx.say(f"saved {workers} VGG-16 gradients of {grads[0].numel():,} elements to {path}")
+    return str(path)
+
+
+def _time_on_tensor(names, ratios, x: torch.Tensor, repeats: int, budget_s: float):
+    """bench's single-worker timing (encode/decode medians after a warm-up) on a given
+    tensor: {(name, ratio): (encode_s, k_hat)}."""
+    import compressors
+    from compressors.session import Session
+
+    out = {}
+    for n in names:
+        for r in ratios:
+            session = Session(compressors.build(n, ratio=r), rank=0, world_size=1, feedback="none",
+                              seed=0, check_finite=False, measure=False)
+            step, last = [0], {}
+
+            def sample():
+                outcome, enc, dec = bench.exchange_once(session, x, step[0])
+                step[0] += 1
+                last["o"] = outcome
+                return enc, dec
+
+            (enc, _), _, n_calls = bench.repeat_median(sample, repeats, budget_s)
+            out[(n, r)] = (enc, int(last["o"].selected) if last["o"].selected is not None else None)
+    return out
+
+
+@figure(
+    id="sidco-fig1", paper="sidco",
+    title="Speed-up over Top-k (CPU) and estimation quality k̂/k on real VGG-16 gradients "
+          "(stand-in data: Fashion-MNIST)",
+    kind="benchmark", hardware=PAPER_HW,
+    expected="on the CPU DGC is slower than Top-k while threshold estimators are faster than both; "
+             "SIDCo's k̂/k ≈ 1 while RedSync and GaussianKSGD miss the target",
+    est_seconds={"smoke": 5, "full": 180},
+)
+def fig1(ctx: Context) -> list[Row]:
+    workers = 2
+    path = vgg16_gradients(ctx, workers)
+    grads = torch.load(path, weights_only=True)
+    x = grads[0]
+    ratios = [0.01] if ctx.smoke else list(RATIOS)
+    steps = 2 if ctx.smoke else 10
+    speed_set = ("topk", "dgc", "sidco_e") if ctx.smoke else SPEED_SET
+    estimators = ("dgc", "redsync", "sidco_e") if ctx.smoke else ESTIMATORS
+    old = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        timing = _time_on_tensor(speed_set, ratios, x, 1 if ctx.smoke else 3, 6.0)
+    finally:
+        torch.set_num_threads(old)
+    quality = {}
+    for r in ratios:
+        for res in measure.measure(list(estimators), ratio=r, workers=workers, steps=steps,
+                                   source=f"file:{path}"):
+            quality[(res["compressor"], r)] = res
+    data = []
+    for (n, r), (enc, k_hat) in timing.items():
+        q = quality.get((n, r), {})
+        data.append({"numel": x.numel(), "compressor": n, "ratio": r, "encode_ms": 1e3 * enc,
+                     "speedup_over_topk": timing[("topk", r)][0] / enc, "k_hat_single": k_hat,
+                     "k_ratio_mean": q.get("k_ratio_mean", 1.0 if n == "topk" else None),
+                     "k_ratio_p5": q.get("k_ratio_p5"), "k_ratio_p95": q.get("k_ratio_p95"),
+                     "workers": workers, "steps": steps})
+    ctx.write_csv("vgg16_speedup_quality", data)
+
+    plt = pyplot()
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / len(speed_set)
+    for j, n in enumerate(speed_set):
+        ax.bar(np.arange(len(ratios)) + j * width, [timing[("topk", r)][0] / timing[(n, r)][0] for r in ratios],
+               width, color=COLOURS[n], label=label(n))
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
+    ax.set_xlabel("ratio δ")
+    ax.set_ylabel("speed-up over Top-k (×)")
+    ax.set_title(f"(b) compression on this CPU, d = {x.numel():,}")
+    ax.legend(fontsize=7)
+    width = 0.8 / len(estimators)
+    for j, n in enumerate(estimators):
+        m = np.array([quality[(n, r)]["k_ratio_mean"] for r in ratios])
+        lo = m - np.array([quality[(n, r)]["k_ratio_p5"] for r in ratios])
+        hi = np.array([quality[(n, r)]["k_ratio_p95"] for r in ratios]) - m
+        ax2.bar(np.arange(len(ratios)) + j * width, m, width, yerr=[lo, hi], color=COLOURS[n],
+                label=label(n), capsize=2)
+    ax2.axhline(1, color="k", lw=0.8)
+    ax2.set_yscale("log")
+    ax2.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
+    ax2.set_xlabel("ratio δ")
+    ax2.set_ylabel("estimation quality k̂/k (mean, 5–95%)")
+    ax2.set_title(f"(c) {workers} simulated workers × {steps} steps, error feedback")
+    ax2.legend(fontsize=7)
+    fig.suptitle("SIDCo Fig. 1 on real VGG-16 gradients (Fashion-MNIST stand-in for CIFAR-10, "
+                 "batch 8, untrained), CPU-measured; paper: V100 + Xeon", fontsize=9)
+    ctx.save_plot(fig)
+
+    rows = []
+    caveat = CPU + f"; real VGG-16 gradients of {x.numel():,} elements on stand-in data"
+    sp = {n: [timing[("topk", r)][0] / timing[(n, r)][0] for r in ratios] for n in speed_set}
+    rows.append(claim_row(
+        "VGG-16 gradients, CPU, all δ", "DGC speed-up over Top-k (max over δ)",
+        ctx.reference_value("VGG-16, CPU", "DGC speed-up over Top-k (upper bound)"),
+        max(sp["dgc"]), max(sp["dgc"]) < 1,
+        "DGC performs significantly worse than Top-k on the CPU (Fig. 1(b))", caveat, "×"))
+    for n in [v for v in ("sidco_e", "sidco_gp", "sidco_p") if v in speed_set]:
+        rows.append(claim_row(
+            "VGG-16 gradients, CPU, all δ", f"{label(n)} speed-up over Top-k (min over δ)",
+            ctx.reference_value("VGG-16, CPU", "SIDCo speed-up over Top-k (lower bound)"),
+            min(sp[n]), min(sp[n]) > 1,
+            "threshold estimators impose lower compression overhead than Top-k on CPU", caveat, "×"))
+    over_dgc = [timing[("dgc", r)][0] / timing[("sidco_e", r)][0] for r in ratios]
+    rows.append(claim_row(
+        "VGG-16 gradients, CPU, all δ", "SIDCo-E speed-up over DGC (min over δ)",
+        ctx.reference_value("VGG-16, CPU", "SIDCo-E speed-up over DGC (lower bound)"),
+        min(over_dgc), min(over_dgc) >= 2,
+        "SIDCo improves over DGC by at least 2× on GPU and more on the CPU", caveat, "×"))
+    for r in ratios:
+        for n in [v for v in ("sidco_e", "sidco_gp", "sidco_p", "dgc") if v in estimators]:
+            km = quality[(n, r)]["k_ratio_mean"]
+            rows.append(claim_row(
+                f"VGG-16 gradients, δ={r:g}", f"{label(n)} mean k̂/k",
+                ctx.reference_value("VGG-16", "mean k̂/k of SIDCo and DGC"), km, _band(km),
+                f"k̂/k ≈ 1 (checked: within [{QUALITY_BAND[0]}, {QUALITY_BAND[1]}], SIDCo's ε = 20%)",
+                f"{workers} workers × {steps} steps on one saved gradient pair", ""))
+    heur = {n: [quality[(n, r)]["k_ratio_mean"] for r in ratios]
+            for n in ("redsync", "gaussianksgd") if n in estimators}
+    for n, ks in heur.items():
+        off = [k for k in ks if not _band(k)]
+        rows.append(claim_row(
+            f"VGG-16 gradients, δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
+            f"{label(n)} worst k̂/k", None, max(ks, key=lambda k: abs(np.log(k))) if ks else None,
+            bool(off), "the heuristic estimators fail to obtain the right threshold (k̂/k outside "
+            f"[{QUALITY_BAND[0]}, {QUALITY_BAND[1]}] at some δ)", "", ""))
+    return rows
+
+
+# -- training figures: Fig. 3 (LSTM-PTB), Fig. 5 (ResNet-20, VGG-16), Fig. 9 ---------------
+
+
+def _grid(ctx: Context, task: str, compressors_, ratios, baseline: bool = True,
+          extra: tuple[str, ...] = ()) -> dict[tuple[str, float | None], RunStats]:
+    specs = []
+    if baseline:
+        specs.append([f"task={task}", *compressor_overrides("none", None), *extra])
+    for n in compressors_:
+        for r in ratios:
+            specs.append([f"task={task}", *compressor_overrides(n, r), *extra])
+    if ctx.smoke:
+        specs = [[*s, "steps=2", "eval_batches=1"] for s in specs]
+    runs = train_grid(ctx, specs)
+    return {(r.compressor, r.ratio): r for r in runs}
+
+
+TRAIN_CAVEAT = ("{n} simulated workers on stand-in data, smoke-size model ({p:,} parameters) "
+                "trained {s} steps; communication projected onto 8 workers at 10 Gbps from the "
+                "bytes sent, compute and compression measured on this CPU")
+
+
+def _caveat(runs: dict, params: int) -> str:
+    r = next(iter(runs.values()))
+    return TRAIN_CAVEAT.format(n=r.workers, p=params, s=r.steps)
+
+
+def _params(task: str) -> int:
+    return param_count(task)
+
+
+def _speedups(runs, ratios, who: str, base: str) -> list[float | None]:
+    out = []
+    for r in ratios:
+        a = quality_per_time(runs[(who, r)])
+        b = quality_per_time(runs[(base, None if base == "none" else r)])
+        out.append(a / b if a and b else None)
+    return out
+
+
+def _throughputs(runs, ratios, who: str) -> list[float | None]:
+    base = runs[("none", None)].projected_samples_per_s
+    return [runs[(who, r)].projected_samples_per_s / base if base else None for r in ratios]
+
+
+def _bars(ax, runs, ratios, names, value, ylabel, title, log=False):
+    width = 0.8 / len(names)
+    for j, n in enumerate(names):
+        ys = [value(n, r) for r in ratios]
+        ax.bar(np.arange(len(ratios)) + j * width, [np.nan if y is None else y for y in ys], width,
+               color=COLOURS[n], label=label(n))
+    ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
+    ax.set_xlabel("ratio δ")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
+    ax.axhline(1, color="k", lw=0.8)
+    if log:
+        ax.set_yscale("log")
+
+
+def _quality_bars(ax, runs, ratios, names, title):
+    width = 0.8 / len(names)
+    for j, n in enumerate(names):
+        st = [runs[(n, r)].k_ratio_stats() for r in ratios]
+        m = np.array([s[0] for s in st])
+        ax.bar(np.arange(len(ratios)) + j * width, m, width, color=COLOURS[n], label=label(n),
+               yerr=[m - np.array([s[1] for s in st]), np.array([s[2] for s in st]) - m], capsize=2)
+    ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
+    ax.set_yscale("log")
+    ax.axhline(1, color="k", lw=0.8)
+    ax.set_xlabel("ratio δ")
+    ax.set_ylabel("estimation quality k̂/k (mean, 5–95%)")
+    ax.set_title(title, fontsize=9)
+
+
+PAPER_SET = ("topk", "dgc", "redsync", "gaussianksgd", "sidco_e")
+
+
+def _speed_rows(ctx, runs, ratios, bench_name, caveat, paper_key):
+    rows = []
+    for base in [b for b in ("none", "topk", "dgc") if (b, None if b == "none" else ratios[0]) in runs]:
+        sp = _speedups(runs, ratios, "sidco_e", base)
+        valid = [s for s in sp if s is not None]
+        best = max(valid) if valid else None
+        rows.append(claim_row(
+            f"{bench_name}, best over δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
+            f"SIDCo-E training speed-up over {label(base)}",
+            ctx.reference_value(paper_key, f"SIDCo-E speed-up over {label(base)}"), best,
+            None if best is None else best > 1,
+            f"SIDCo-E reaches its end-of-training quality faster than {label(base)} (speed-up "
+            "> 1; the paper's magnitude needs its communication-bound cluster)", caveat, "×"))
+    return rows
+
+
+def _quality_rows(ctx, runs, ratios, bench_name, caveat, paper_key):
+    rows = []
+    for r in ratios:
+        km = runs[("sidco_e", r)].k_ratio_stats()[0]
+        rows.append(claim_row(
+            f"{bench_name}, δ={r:g}", "SIDCo-E mean k̂/k over training",
+            ctx.reference_value(paper_key, "SIDCo-E mean k̂/k"), km, _band(km),
+            f"SIDCo estimates the target accurately (k̂/k within [{QUALITY_BAND[0]}, {QUALITY_BAND[1]}])",
+            caveat, ""))
+    return rows
+
+
+@figure(
+    id="sidco-fig3", paper="sidco",
+    title="LSTM-PTB: training speed-up, throughput (projected to 8 workers at 10 Gbps) and "
+          "estimation quality per ratio (simulated workers, CPU, PTB valid split)",
+    kind="training", hardware=PAPER_HW,
+    expected="SIDCo-E speeds up LSTM-PTB training by up to 41.7× over no compression, 7.6× over "
+             "Top-k and 1.9× over DGC; threshold estimators have the highest throughput; only "
+             "DGC and SIDCo hit the target ratio (GaussianKSGD at 0.001 and RedSync at 0.01/0.001 "
+             "select ~100× fewer elements)",
+    est_seconds={"smoke": 20, "full": 300}, experiment="sidco-fig3",
+)
+def fig3(ctx: Context) -> list[Row]:
+    task = "ptb_lstm"
+    ratios = [0.01] if ctx.smoke else list(RATIOS)
+    names = ["sidco_e"] if ctx.smoke else list(PAPER_SET)
+    runs = _grid(ctx, task, names, ratios)
+    caveat = _caveat(runs, _params(task))
+    ctx.write_csv("runs", records_as_rows(list(runs.values()), task))
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    _bars(axes[0], runs, ratios, names, lambda n, r: _speedups(runs, [r], n, "none")[0],
+          "training speed-up over no compression (×)", "(a) speed-up: (1/ppl)/projected time")
+    _bars(axes[1], runs, ratios, names, lambda n, r: _throughputs(runs, [r], n)[0],
+          "throughput / no compression (×)", "(b) projected throughput, 8 workers @ 10 Gbps")
+    _quality_bars(axes[2], runs, ratios, [n for n in names if n != "topk"], "(c) estimation quality")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"SIDCo Fig. 3(a–c), LSTM on PTB (stand-in: {runs[('none', None)].data_source[:60]}); "
+                 "simulated workers on CPU, communication projected", fontsize=9)
+    ctx.save_plot(fig)
+
+    rows = _speed_rows(ctx, runs, ratios, "LSTM-PTB", caveat, "LSTM-PTB")
+    for r in ratios:
+        tp = {n: _throughputs(runs, [r], n)[0] for n in names}
+        rows.append(claim_row(
+            f"LSTM-PTB, δ={r:g}", "SIDCo-E projected throughput / no compression",
+            None, tp["sidco_e"], tp["sidco_e"] >= max(tp.get("topk", 0), tp.get("dgc", 0)),
+            "threshold estimators incl. SIDCo have the highest throughput (checked: SIDCo-E ≥ "
+            "Top-k and DGC)", caveat, "×"))
+    rows += _quality_rows(ctx, runs, ratios, "LSTM-PTB", caveat, "LSTM-PTB")
+    for n, r in (("gaussianksgd", 0.001), ("redsync", 0.01), ("redsync", 0.001)):
+        if (n, r) in runs:
+            km = runs[(n, r)].k_ratio_stats()[0]
+            rows.append(claim_row(
+                f"LSTM-PTB, δ={r:g}", f"{label(n)} mean k̂/k",
+                ctx.reference_value("LSTM-PTB", f"{label(n)} mean k̂/k at δ={r:g}"), km,
+                None if km is None else km <= 0.1,
+                "selects about two orders of magnitude fewer elements than the target "
+                "(checked: k̂/k ≤ 0.1)", caveat, ""))
+    return rows
+
+
+@figure(
+    id="sidco-fig5", paper="sidco",
+    title="ResNet-20 (speed-up, estimation quality) and VGG-16 (speed-up) on CIFAR-10 stand-in: "
+          "simulated workers on CPU, communication projected to 8 workers at 10 Gbps",
+    kind="training", hardware=PAPER_HW,
+    expected="ResNet-20: all compressors give comparable, modest speed-ups and only SIDCo hits "
+             "the target ratio; VGG-16: SIDCo speeds up training by up to 5× over no "
+             "compression, 1.5× over Top-k and 1.2× over DGC",
+    est_seconds={"smoke": 20, "full": 300}, experiment="sidco-fig5",
+)
+def fig5(ctx: Context) -> list[Row]:
+    r_ratios = [0.01] if ctx.smoke else list(RATIOS)
+    r_names = ["sidco_e"] if ctx.smoke else list(PAPER_SET)
+    resnet = _grid(ctx, "cifar10_resnet20", r_names, r_ratios)
+    v_ratios = [0.01] if ctx.smoke else [0.01, 0.001]
+    v_names = ["sidco_e"] if ctx.smoke else ["topk", "dgc", "sidco_e"]
+    # VGG-16 is the costly one: fewer steps (and ratios), as its panel needs speed-ups only.
+    vgg = _grid(ctx, "cifar10_vgg16", v_names, v_ratios,
+                extra=() if ctx.smoke else ("steps=16",))
+    ctx.write_csv("runs", records_as_rows(list(resnet.values()), "cifar10_resnet20")
+                  + records_as_rows(list(vgg.values()), "cifar10_vgg16"))
+    cav_r = _caveat(resnet, _params("cifar10_resnet20"))
+    cav_v = _caveat(vgg, _params("cifar10_vgg16"))
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    _bars(axes[0], resnet, r_ratios, r_names, lambda n, r: _speedups(resnet, [r], n, "none")[0],
+          "training speed-up over no compression (×)", "(a) ResNet-20 speed-up")
+    _quality_bars(axes[1], resnet, r_ratios, [n for n in r_names if n != "topk"],
+                  "(b) ResNet-20 estimation quality")
+    _bars(axes[2], vgg, v_ratios, v_names, lambda n, r: _speedups(vgg, [r], n, "none")[0],
+          "training speed-up over no compression (×)", "(c) VGG-16 speed-up")
+    axes[0].legend(fontsize=7)
+    axes[2].legend(fontsize=7)
+    fig.suptitle("SIDCo Fig. 5 on Fashion-MNIST (stand-in for CIFAR-10), smoke-size models, "
+                 "simulated workers on CPU; speed-up = accuracy / projected time (8 workers, 10 Gbps)",
+                 fontsize=9)
+    ctx.save_plot(fig)
+
+    rows = []
+    sp = [v for n in r_names for v in _speedups(resnet, r_ratios, n, "none") if v]
+    rows.append(claim_row(
+        "ResNet-20, all compressors and δ", "spread of speed-ups over no compression (max/min)",
+        None, max(sp) / min(sp) if sp else None, None if not sp else max(sp) / min(sp) <= 1.5,
+        "all compressors give comparable, modest speed-ups (ResNet-20 is not network-bound; "
+        "checked: max/min ≤ 1.5)", cav_r, "×"))
+    rows += _quality_rows(ctx, resnet, r_ratios, "ResNet-20", cav_r, "ResNet-20")
+    if not ctx.smoke:
+        for n in ("redsync", "gaussianksgd"):
+            ks = [resnet[(n, r)].k_ratio_stats()[0] for r in r_ratios]
+            rows.append(claim_row(
+                "ResNet-20, all δ", f"{label(n)} worst mean k̂/k", None,
+                max(ks, key=lambda k: abs(np.log(k))), any(not _band(k) for k in ks),
+                "unlike SIDCo, the other estimators miss the target ratio (outside "
+                f"[{QUALITY_BAND[0]}, {QUALITY_BAND[1]}] at some δ)", cav_r, ""))
+    rows += _speed_rows(ctx, vgg, v_ratios, "VGG-16", cav_v, "VGG-16")
+    return rows
+
+
+@figure(
+    id="sidco-fig9", paper="sidco",
+    title="Smoothed compression ratio k̂/k over training steps, LSTM-PTB (PTB valid split), "
+          "simulated worker on CPU",
+    kind="training", hardware=PAPER_HW,
+    expected="SIDCo's smoothed k̂/k stays near 1 like DGC's (SIDCo-GP over-estimates at most 2×) "
+             "while RedSync and GaussianKSGD oscillate, off by up to ±60×",
+    est_seconds={"smoke": 20, "full": 240}, experiment="sidco-fig9",
+)
+def fig9(ctx: Context) -> list[Row]:
+    task = "ptb_lstm"
+    ratios = [0.01] if ctx.smoke else list(RATIOS)
+    names = ["sidco_e"] if ctx.smoke else list(ESTIMATORS)
+    runs = _grid(ctx, task, names, ratios, baseline=False)
+    window = 2 if ctx.smoke else 10
+    data = []
+    for (n, r), run in runs.items():
+        sm = smooth([v for _, v in run.k_ratio_curve], window)
+        for (step, raw), s in zip(run.k_ratio_curve, sm):
+            data.append({"compressor": n, "ratio": r, "step": step, "k_ratio": raw, "smoothed": float(s)})
+    ctx.write_csv("compression_ratio", data)
+    caveat = (f"{next(iter(runs.values())).workers} simulated worker, smoke-size LSTM "
+              f"({_params(task):,} parameters), {next(iter(runs.values())).steps} steps, layer-wise")
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(ratios), figsize=(5 * len(ratios), 4), squeeze=False)
+    for ax, r in zip(axes[0], ratios):
+        for n in names:
+            run = runs[(n, r)]
+            ax.plot([s for s, _ in run.k_ratio_curve], smooth([v for _, v in run.k_ratio_curve], window),
+                    color=COLOURS[n], label=label(n))
+        ax.axhline(1, color="k", lw=0.8)
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+        ax.set_ylabel(f"k̂/k (running mean over {window} steps)")
+        ax.set_title(f"δ = {r:g}")
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle("SIDCo Fig. 9 (j–l), LSTM on PTB stand-in (valid split), simulated on CPU", fontsize=9)
+    ctx.save_plot(fig)
+
+    rows = []
+    for n in ("sidco_e", "sidco_gp", "sidco_p", "dgc"):
+        if n not in names:
+            continue
+        fr = []
+        worst = 1.0
+        for r in ratios:
+            sm = smooth([v for _, v in runs[(n, r)].k_ratio_curve], window)
+            fr.append(float(np.mean((sm >= 0.5) & (sm <= 2.0))))
+            worst = max(worst, float(np.max(np.maximum(sm, 1 / sm))))
+        rows.append(claim_row(
+            f"LSTM-PTB, δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
+            f"{label(n)} worst smoothed deviation max(k̂/k, k/k̂)",
+            ctx.reference_value("all benchmarks", "SIDCo max over-estimation"), worst, worst <= 2.0,
+            "SIDCo (and DGC) stay within 2× of the target over training (smoothed)", caveat, "×"))
+    for n in ("redsync", "gaussianksgd"):
+        if n not in names:
+            continue
+        worst = max(float(np.max(np.maximum(s, 1 / s))) for s in
+                    (smooth([v for _, v in runs[(n, r)].k_ratio_curve], window) for r in ratios))
+        rows.append(claim_row(
+            f"LSTM-PTB, δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
+            f"{label(n)} worst smoothed deviation max(k̂/k, k/k̂)",
+            ctx.reference_value("all benchmarks", "RedSync/GaussianKSGD max deviation"), worst,
+            worst > 2.0, "the heuristic estimators over/under-estimate strongly (paper: up to "
+            "±60×; checked: beyond 2×)", caveat, "×"))
+    return rows
