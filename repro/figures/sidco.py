@@ -80,9 +80,9 @@ def fig16(ctx: Context) -> list[Row]:
     if ctx.smoke:
         sizes, ratios, repeats = [26_000, 260_000], [0.01, 0.001], 2
     else:
-        sizes, ratios, repeats = [260_000, 2_600_000, 26_000_000], list(RATIOS), 3
+        sizes, ratios, repeats = [260_000, 2_600_000, 26_000_000], list(RATIOS), 2
     report = bench.run_bench(names, sizes=sizes, ratios=ratios, repeats=repeats, devices="cpu",
-                             decode_workers=[], budget_s=6.0, progress=ctx.say)
+                             decode_workers=[], budget_s=4.0, progress=ctx.say)
     big_note = None
     encode = list(report["encode"])
     if not ctx.smoke:
@@ -221,13 +221,13 @@ def fig1(ctx: Context) -> list[Row]:
     grads = torch.load(path, weights_only=True)
     x = grads[0]
     ratios = [0.01] if ctx.smoke else list(RATIOS)
-    steps = 2 if ctx.smoke else 10
+    steps = 2 if ctx.smoke else 6  # SIDCo adapts its stage count after Q = 5 steps
     speed_set = ("topk", "dgc", "sidco_e") if ctx.smoke else SPEED_SET
     estimators = ("dgc", "redsync", "sidco_e") if ctx.smoke else ESTIMATORS
     old = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        timing = _time_on_tensor(speed_set, ratios, x, 1 if ctx.smoke else 3, 6.0)
+        timing = _time_on_tensor(speed_set, ratios, x, 1 if ctx.smoke else 2, 4.0)
     finally:
         torch.set_num_threads(old)
     quality = {}
@@ -587,6 +587,18 @@ def fig9(ctx: Context) -> list[Row]:
             f"{label(n)} worst smoothed deviation max(k̂/k, k/k̂)",
             ctx.reference_value("all benchmarks", "SIDCo max over-estimation"), worst, worst <= 2.0,
             "SIDCo (and DGC) stay within 2× of the target over training (smoothed)", caveat, "×"))
+        late = 1.0
+        for r in ratios:
+            sm = smooth([v for _, v in runs[(n, r)].k_ratio_curve], window)
+            tail = sm[len(sm) // 2:]
+            if tail.size:
+                late = max(late, float(np.max(np.maximum(tail, 1 / tail))))
+        rows.append(claim_row(
+            f"LSTM-PTB, second half of training, δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
+            f"{label(n)} worst smoothed deviation max(k̂/k, k/k̂), after stage adaptation",
+            ctx.reference_value("all benchmarks", "SIDCo max over-estimation"), late, late <= 2.0,
+            "SIDCo stays within 2× of the target once its stage count has adapted (the paper "
+            "notes start-up deviations while the stages settle)", caveat, "×"))
     for n in ("redsync", "gaussianksgd"):
         if n not in names:
             continue
