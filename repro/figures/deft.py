@@ -177,7 +177,7 @@ def _band(value: float | None, target: float, tol: float) -> bool | None:
     hardware="ResNet-18 / CIFAR-10, batch 256, V100 GPUs (up to 32 workers)",
     expected="Top-k's actual density grows well above the set 0.01 as workers are added; "
              "DEFT and CLT-k keep it at the set value",
-    est_seconds={"smoke": 3, "full": 60},
+    est_seconds={"smoke": 3, "full": 670},
 )
 def deft_fig1(ctx: Context) -> list[Row]:
     from repro import measure
@@ -705,7 +705,7 @@ def deft_fig7(ctx: Context) -> list[Row]:
     kind="training",
     hardware="2–16 V100 GPUs, LSTM / WikiText-2, 90 epochs",
     expected="at every scale DEFT eventually reaches the non-sparsified test perplexity",
-    est_seconds={"smoke": 15, "full": 420},
+    est_seconds={"smoke": 15, "full": 120},  # with deft-fig3's runs present
     experiment="deft-fig10",
 )
 def deft_fig10(ctx: Context) -> list[Row]:

@@ -254,7 +254,7 @@ THC_TRAIN_HARDWARE = ("simulated workers on one device (THC Section 8.3), ResNet
 
 def _steps_to(lines: list[dict[str, Any]], key: str, target: float) -> int | None:
     xs, ys = series(lines, key)
-    for x, y in zip(xs, smooth(ys, 3)):
+    for x, y in zip(xs, ys):  # evaluations are sparse (every 10 steps): no smoothing
         if y >= target:
             return x + 1
     return None
@@ -297,7 +297,7 @@ FIG4_LABELS = {"none": "no compression", "thc": "THC (integer allreduce)",
     expected="THC reaches the target accuracy faster than no compression (software PS 1.32x "
              "on VGG16) and than Top-k 10% and TernGrad, which stall at lower accuracy; THC "
              "raises throughput up to 1.43x (software PS)",
-    est_seconds={"smoke": 15, "full": 300},
+    est_seconds={"smoke": 15, "full": 60},
     experiment="thc-fig4",
 )
 def thc_fig4(ctx: Context) -> list[Row]:
@@ -365,8 +365,10 @@ def thc_fig4(ctx: Context) -> list[Row]:
             claim = "THC reaches the target faster than no compression"
         else:
             thc_tta = by.get("thc", {}).get("projected_tta_s")
-            ok = r["steps_to_target"] is None or (
-                thc_tta is not None and r["projected_tta_s"] > thc_tta)
+            if thc_tta is None:
+                ok = None  # THC itself did not reach the target: nothing to compare with
+            else:
+                ok = r["projected_tta_s"] is None or r["projected_tta_s"] > thc_tta
             claim = f"{FIG4_LABELS[lab]} reaches the target later than THC (or never)"
         out.append(Row(FIG4_LABELS[lab], "projected TTA speed-up over no compression", paper, tta,
                        verdict(ok), f"claim: {claim}; target {target:.3f}, steps to target "
@@ -376,7 +378,10 @@ def thc_fig4(ctx: Context) -> list[Row]:
         paper_thr = {"thc_ps": ctx.reference_value("VGG16", "throughput gain THC software PS")}.get(lab)
         out.append(Row(FIG4_LABELS[lab], "projected throughput / no compression", paper_thr, thr,
                        verdict(thr > 1) if lab.startswith("thc") else "not comparable",
-                       ("claim: THC raises throughput over no compression; " if lab.startswith("thc")
+                       (f"per worker and step: compression {1e3 * r['compression_s']:.1f} ms "
+                        f"(CPU) vs dense communication {1e3 * base['projected_comm_s']:.2f} ms "
+                        "(projected) — a small model on 100G leaves compression nothing to save; ")
+                       + ("claim: THC raises throughput over no compression; " if lab.startswith("thc")
                         else "context only (paper: TernGrad has high throughput, Top-k is slowed "
                              "by PS-side work the cost model does not include); ") + proj, "x"))
     return out
