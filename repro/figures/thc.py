@@ -586,7 +586,7 @@ def _replica_run(ctx: Context, overrides: list[str], sync_every: int) -> str:
     expected="per-epoch synchronisation cuts the accuracy drop of 1% loss from 24% to 1.5% and "
              "of 0.1% loss from 11% to 0.5%; waiting for 90% of workers keeps baseline accuracy, "
              "80%/70% lose only 5-6%",
-    est_seconds={"smoke": 20, "full": 420},
+    est_seconds={"smoke": 20, "full": 345},
     experiment="thc-fig9",
 )
 def thc_fig9(ctx: Context) -> list[Row]:
