@@ -49,7 +49,7 @@ RATIO = 0.001  # the ratio of Figs. 1, 5, 7 and the micro-benchmarks
     expected="DRAGONN's encoding is up to 70% faster than DGC's (512 MB: 13.2 ms vs 35.4 ms); "
              "exact Top-k is much slower than both; DRAGONN's time is almost constant in δ "
              "from 0.0001 to 0.01",
-    est_seconds={"smoke": 3, "full": 90},
+    est_seconds={"smoke": 3, "full": 45},
 )
 def fig5a(ctx: Context) -> list[Row]:
     if ctx.smoke:
@@ -136,7 +136,7 @@ def fig5a(ctx: Context) -> list[Row]:
     kind="benchmark", hardware=PAPER_HW,
     expected="dense decoding time grows linearly with the number of GPUs, sparse decoding stays "
              "nearly constant, and sparse decoding is more than K× faster (64 MB tensor, δ=0.001)",
-    est_seconds={"smoke": 3, "full": 40},
+    est_seconds={"smoke": 3, "full": 50},
 )
 def fig5b(ctx: Context) -> list[Row]:
     numel = 2**16 if ctx.smoke else 16 * 2**20  # 64 MB of fp32 in the full variant, as the paper
@@ -201,7 +201,7 @@ def fig5b(ctx: Context) -> list[Row]:
     expected="writing n indices into m slots leaves a fraction (1−1/m)^n empty; m = n = 1024: "
              "0.36 ≤ x ≤ 0.38 with probability ≥ 0.95; m = 512, n = 1024: 0.13 ≤ x ≤ 0.14 with "
              "probability ≥ 0.8",
-    est_seconds={"smoke": 2, "full": 20},
+    est_seconds={"smoke": 2, "full": 40},
 )
 def lemma_a10(ctx: Context) -> list[Row]:
     from compressors.dragonn import (
@@ -330,7 +330,7 @@ def lemma_a10(ctx: Context) -> list[Row]:
     expected="below 2^21 bytes full synchronisation beats DGC (δ=0.001); exact Top-k is always "
              "worse than full synchronisation; above 2^24 bytes compression is more than half "
              "of DGC's total overhead (Fig. 1(a))",
-    est_seconds={"smoke": 4, "full": 90},
+    est_seconds={"smoke": 4, "full": 50},
 )
 def fig1b(ctx: Context) -> list[Row]:
     import compressors
@@ -483,7 +483,7 @@ def _convergence_panel(ax, runs: dict, title: str, target: float | None) -> None
     expected="to reach the target accuracy DRAGONN is faster than DGC (ResNet50 1.42×, ViT 2.15×, "
              "MLP-Mixer 1.72×, XML 3.52×) and than full synchronisation (2.40×, 2.45×, 6.04×, "
              "35.9×); DGC needs 1.6× more iterations than DRAGONN on XML",
-    est_seconds={"smoke": 20, "full": 240}, experiment="dragonn-table2",
+    est_seconds={"smoke": 20, "full": 150}, experiment="dragonn-table2",
 )
 def table2(ctx: Context) -> list[Row]:
     tasks_ = TABLE2_TASKS[1:] if ctx.smoke else TABLE2_TASKS
@@ -568,7 +568,7 @@ def table2(ctx: Context) -> list[Row]:
     expected="DRAGONN converges in fewer iterations than SignSGD, DGC and Random-k; Random-k is "
              "faster per iteration but needs 15.1× more iterations, so DRAGONN is 14.1× faster to "
              "converge; DRAGONN trains faster than DGC and SignSGD",
-    est_seconds={"smoke": 15, "full": 150}, experiment="dragonn-fig7",
+    est_seconds={"smoke": 15, "full": 65}, experiment="dragonn-fig7",
 )
 def fig7(ctx: Context) -> list[Row]:
     names = ["none", "dragonn", "randomk"] if ctx.smoke else ["none", "signsgd", "dgc", "randomk", "dragonn"]

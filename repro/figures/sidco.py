@@ -73,7 +73,7 @@ BIG_MEMORY_GIB = 12.0  # the 260M tensor, its |x|, the synthetic draw's float64 
     kind="benchmark", hardware=PAPER_HW,
     expected="on the CPU, threshold estimators (SIDCo) are faster than Top-k and DGC, and DGC is "
              "the slowest (Top-k beats it); SIDCo improves over DGC by ≥ 2× on GPU and more on CPU",
-    est_seconds={"smoke": 4, "full": 200},
+    est_seconds={"smoke": 4, "full": 125},
 )
 def fig16(ctx: Context) -> list[Row]:
     names = ["dgc", "redsync", "gaussianksgd", "sidco_e", "sidco_gp", "sidco_p"]
@@ -213,7 +213,7 @@ def _time_on_tensor(names, ratios, x: torch.Tensor, repeats: int, budget_s: floa
     kind="benchmark", hardware=PAPER_HW,
     expected="on the CPU DGC is slower than Top-k while threshold estimators are faster than both; "
              "SIDCo's k̂/k ≈ 1 while RedSync and GaussianKSGD miss the target",
-    est_seconds={"smoke": 5, "full": 180},
+    est_seconds={"smoke": 5, "full": 230},
 )
 def fig1(ctx: Context) -> list[Row]:
     workers = 2
@@ -430,7 +430,7 @@ def _quality_rows(ctx, runs, ratios, bench_name, caveat, paper_key):
              "Top-k and 1.9× over DGC; threshold estimators have the highest throughput; only "
              "DGC and SIDCo hit the target ratio (GaussianKSGD at 0.001 and RedSync at 0.01/0.001 "
              "select ~100× fewer elements)",
-    est_seconds={"smoke": 20, "full": 300}, experiment="sidco-fig3",
+    est_seconds={"smoke": 20, "full": 170}, experiment="sidco-fig3",
 )
 def fig3(ctx: Context) -> list[Row]:
     task = "ptb_lstm"
@@ -481,7 +481,7 @@ def fig3(ctx: Context) -> list[Row]:
     expected="ResNet-20: all compressors give comparable, modest speed-ups and only SIDCo hits "
              "the target ratio; VGG-16: SIDCo speeds up training by up to 5× over no "
              "compression, 1.5× over Top-k and 1.2× over DGC",
-    est_seconds={"smoke": 20, "full": 300}, experiment="sidco-fig5",
+    est_seconds={"smoke": 20, "full": 230}, experiment="sidco-fig5",
 )
 def fig5(ctx: Context) -> list[Row]:
     r_ratios = [0.01] if ctx.smoke else list(RATIOS)
@@ -539,7 +539,7 @@ def fig5(ctx: Context) -> list[Row]:
     kind="training", hardware=PAPER_HW,
     expected="SIDCo's smoothed k̂/k stays near 1 like DGC's (SIDCo-GP over-estimates at most 2×) "
              "while RedSync and GaussianKSGD oscillate, off by up to ±60×",
-    est_seconds={"smoke": 20, "full": 240}, experiment="sidco-fig9",
+    est_seconds={"smoke": 20, "full": 190}, experiment="sidco-fig9",
 )
 def fig9(ctx: Context) -> list[Row]:
     task = "ptb_lstm"
