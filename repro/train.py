@@ -269,13 +269,16 @@ class Trainer:
             step_s = time.perf_counter() - t0
             comm_s = comm_clock.pop()
             global_batch = samples * self.world_size
-            records = self.compressions[0].pop_records()
-            for c in self.compressions[1:]:
-                c.pop_records()
+            all_records = [c.pop_records() for c in self.compressions]
+            records = all_records[0]
+            # Simulated workers run one after the other in this process: the step holds
+            # every worker's forward/backward and compression, not one worker's.
+            serial_compress_s = sum(r.encode_s + r.decode_s for recs in all_records for r in recs)
             logging_step = cfg.logger.log_every and self.step % cfg.logger.log_every == 0
             metrics = None
             if logging_step:
-                metrics = self.step_metrics(loss, step_s, comm_s, global_batch, records)
+                metrics = self.step_metrics(loss, step_s, comm_s, global_batch, records,
+                                            serial_compress_s)
             self.step += 1
             last = self.step == cfg.steps
             if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
@@ -320,12 +323,17 @@ class Trainer:
         return metrics
 
     def step_metrics(self, loss: float, step_s: float, comm_s: float, global_batch: int,
-                     records: list[StepRecord]) -> dict[str, Any]:
+                     records: list[StepRecord], serial_compress_s: float) -> dict[str, Any]:
+        """One step's metrics. compute_s and compress_s are ONE worker's (worker 0's
+        compression; with simulated workers, whose passes run one after the other here,
+        compute_s is the step's remaining time divided by the workers), so the projected
+        step of a simulated run is a real worker's step, not n workers' in turn."""
         m: dict[str, Any] = {"loss": loss, "lr": self.optimizer.param_groups[0]["lr"]}
         m.update(summarise_records(records))
         m["step_s"] = step_s
         m["comm_s"] = comm_s
-        m["compute_s"] = max(0.0, step_s - comm_s - m["compress_s"])
+        serial = len(self.compressions)
+        m["compute_s"] = max(0.0, (step_s - comm_s - serial_compress_s) / serial)
         m["samples_per_s"] = global_batch / step_s if step_s > 0 else None
         res = self.compressions[0].residuals()
         if res:
@@ -335,6 +343,7 @@ class Trainer:
             m["ratio"] = ratio
         proj_comm, proj_dense = projected_comm_s(records, self.compressor.pattern, self.network)
         proj_step = m["compute_s"] + m["compress_s"] + proj_comm
+        m["projected/comm_s"] = proj_comm
         per_worker = global_batch / self.world_size
         m["projected/step_s"] = proj_step
         m["projected/samples_per_s"] = per_worker * self.network.workers / proj_step if proj_step > 0 else None

@@ -315,7 +315,7 @@ def test_projected_metrics_are_labelled_projected(tmp_path):
     for r in records:
         model_keys = {k for k in r if "speedup" in k or "projected" in k}
         assert model_keys == {"projected/step_s", "projected/samples_per_s",
-                              "projected/speedup_vs_dense"}
+                              "projected/speedup_vs_dense", "projected/comm_s"}
         # the measured throughput is what one process did; the projected one is per the
         # target cluster's 16 workers at the cost model's step time
         batch = trainer.task.hparams["batch_size"]
@@ -443,3 +443,42 @@ def test_configs_check_passes_and_detects_drift(tmp_path, monkeypatch, capsys):
     assert main(["configs", "--write"]) == 0
     (conf / "task" / "retired_task.yaml").unlink()
     assert main(["configs", "--check"]) == 0
+
+
+def test_simulated_step_metrics_are_one_workers_step():
+    """Simulated workers run one after the other in one process: compute_s and the
+    projected step must be ONE worker's (the step's remaining time over n), not n
+    workers' passes in a row, or every projected throughput of a simulated run is n×
+    too pessimistic."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from compressors import Pattern
+    from repro.costmodel import Network
+    from repro.hooks import StepRecord
+    from repro.train import Trainer
+
+    def rec(seconds):
+        return StepRecord("w", 1000, True, 10, 10, 10, 80, seconds / 2, seconds / 2)
+
+    class Comp:
+        def residuals(self):
+            return []
+
+    n = 4
+    fake = SimpleNamespace(
+        optimizer=SimpleNamespace(param_groups=[{"lr": 0.1}]), compressions=[Comp()] * n,
+        cfg=OmegaConf.create({"compressor": {"ratio": None}}), step=0,
+        compressor=SimpleNamespace(pattern=Pattern.SPARSE_ALLGATHER),
+        network=Network(workers=16, bandwidth_gbps=25.0, latency_us=5.0), world_size=n,
+    )
+    # Each of the 4 workers: 0.5 s forward/backward and 0.1 s compression; no real comm.
+    m = Trainer.step_metrics(fake, 1.0, 4 * 0.6, 0.0, 4 * 32, [rec(0.1)], 4 * 0.1)
+    assert m["compute_s"] == pytest.approx(0.5)
+    assert m["compress_s"] == pytest.approx(0.1)
+    assert m["projected/step_s"] == pytest.approx(0.6 + m["projected/comm_s"])
+    assert m["projected/samples_per_s"] == pytest.approx(32 * 16 / m["projected/step_s"])
+    fake.compressions, fake.world_size = [Comp()], 1  # a real rank: nothing is divided
+    m = Trainer.step_metrics(fake, 1.0, 0.6, 0.0, 32, [rec(0.1)], 0.1)
+    assert m["compute_s"] == pytest.approx(0.5)
