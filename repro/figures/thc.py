@@ -409,7 +409,7 @@ def _thc_train_common(ctx: Context, steps_full: int) -> tuple[list[str], int]:
     hardware=THC_TRAIN_HARDWARE,
     expected="THC reaches (or exceeds) the uncompressed accuracy at 4, 10 and 30 workers; more "
              "workers reach 95% train accuracy in fewer steps (3715/2503/1473)",
-    est_seconds={"smoke": 15, "full": 420},
+    est_seconds={"smoke": 15, "full": 220},
     experiment="thc-fig8",
 )
 def thc_fig8(ctx: Context) -> list[Row]:
