@@ -14,7 +14,6 @@ the bytes each run really sent and the compute time measured here — labelled p
 
 from __future__ import annotations
 
-import math
 import statistics
 import tempfile
 from typing import Any
@@ -244,8 +243,7 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 
-from repro.figures.deft import (eval_key, final_eval, mean_of, run_metrics,  # noqa: E402
-                                series, smooth)
+from repro.figures.deft import eval_key, final_eval, run_metrics, series  # noqa: E402
 
 THC_TASK = "cifar100_resnet50"  # THC Section 8.3's workload (small model, stand-in images)
 THC_TRAIN_HARDWARE = ("simulated workers on one device (THC Section 8.3), ResNet-50 / "
