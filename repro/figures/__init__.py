@@ -28,7 +28,12 @@ from repro.figures.base import (
 
 # The default set of `scripts/repro_figure.sh` with no argument: the figures whose full
 # variants finish together in about ten minutes on a 2-core CPU.
-DEFAULT_SET: tuple[str, ...] = ()
+# Chosen from the full variants' measured run times (results/<id>/status.json), one or more
+# per paper: micro-benchmarks and analyses, no training figure (those take 2-16 min each).
+DEFAULT_SET: tuple[str, ...] = (
+    "sidco-fig16", "dragonn-fig5a", "dragonn-fig5b", "dragonn-lemmaA10", "dragonn-fig1b",
+    "deft-fig9", "thc-fig2b", "thc-fig10",
+)
 
 _loaded = False
 
