@@ -122,6 +122,36 @@ def _inputs(kind: str, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
 
 
 @needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows, d", [(1, 1), (1, 2), (3, 4), (2, 8), (1, 16), (4, 1 << 10),
+                                     (1, 1 << 15), (3, 1 << 17), (1, 1 << 20)])
+def test_native_fwht_equals_the_torch_butterflies(monkeypatch, dtype, rows, d):
+    from compressors.thc import fwht_
+    g = torch.Generator().manual_seed(d + rows)
+    x = torch.randn(rows, d, generator=g, dtype=torch.float64).to(dtype).squeeze(0)
+    for normalize in (False, True):
+        expected = _reference(monkeypatch, lambda: fwht_(x.clone(), normalize=normalize))
+        got = fwht_(x.clone(), normalize=normalize)
+        # Same butterflies (a + b, (a + b) − 2b) in the same stage order: the same bits.
+        assert torch.equal(got, expected), (normalize, (got - expected).abs().max())
+    y = _native.fwht_(x.clone())  # a transform twice is d times the identity
+    torch.testing.assert_close(_native.fwht_(y) / d, x, rtol=1e-5, atol=1e-5)
+
+
+@needs_native
+def test_native_fwht_does_not_depend_on_the_thread_count():
+    x = torch.randn(1 << 21)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = _native.fwht_(x.clone())
+        torch.set_num_threads(max(2, old))
+        assert torch.equal(_native.fwht_(x.clone()), one)
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_native
 @pytest.mark.parametrize("name", SPARSIFIERS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind, n, ratio", [

@@ -22,9 +22,13 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 namespace {
 
@@ -251,26 +255,98 @@ int64_t count(const T* x, int64_t n, int threads, double t, int strict) {
   return total;
 }
 
-// A growable pair of arrays (plain malloc/realloc: no value-initialisation of the room
-// reserved for branch-free writes).
+// Fresh large buffers cost a page fault per 4 KiB page on first touch (measured here:
+// about 10x the cost of writing the data). Where transparent huge pages are available
+// on request (THP "madvise" mode), ask for them on the 2 MiB-aligned interior of buffers
+// of 4 MiB or more before they are first written. Advice only: failures are ignored.
+inline void advise_huge(void* p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t HUGE = uintptr_t(1) << 21;
+  if (!p || bytes < 2 * HUGE) return;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + HUGE - 1) & ~(HUGE - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(HUGE - 1);
+  if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+#else
+  (void)p; (void)bytes;
+#endif
+}
+
+// Scratch buffers kept between calls: a selection's per-thread hit buffers come from here
+// and go back when its result has been taken, so a steady state of calls writes into
+// memory that is already mapped (fresh memory costs a page fault per page on first touch:
+// far more than the writes themselves). At most POOL_KEEP buffers are kept.
+struct Buf { void* p = nullptr; size_t bytes = 0; };
+std::mutex pool_mutex;
+std::vector<Buf> pool_bufs;
+constexpr size_t POOL_KEEP = 8;
+
+Buf pool_take(size_t want) {  // the smallest kept buffer of at least `want`, else the largest
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  if (pool_bufs.empty()) return Buf();
+  size_t best = 0;
+  for (size_t i = 1; i < pool_bufs.size(); ++i) {
+    const bool fits = pool_bufs[i].bytes >= want, best_fits = pool_bufs[best].bytes >= want;
+    if ((fits && (!best_fits || pool_bufs[i].bytes < pool_bufs[best].bytes)) ||
+        (!fits && !best_fits && pool_bufs[i].bytes > pool_bufs[best].bytes))
+      best = i;
+  }
+  Buf b = pool_bufs[best];
+  pool_bufs.erase(pool_bufs.begin() + best);
+  return b;
+}
+
+void pool_give(Buf b) {
+  if (!b.p) return;
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  pool_bufs.push_back(b);
+  if (pool_bufs.size() > POOL_KEEP) {  // drop the smallest
+    size_t small = 0;
+    for (size_t i = 1; i < pool_bufs.size(); ++i)
+      if (pool_bufs[i].bytes < pool_bufs[small].bytes) small = i;
+    std::free(pool_bufs[small].p);
+    pool_bufs.erase(pool_bufs.begin() + small);
+  }
+}
+
+void grow(Buf& b, size_t bytes) {
+  if (bytes <= b.bytes) return;
+  if (!b.p) b = pool_take(bytes);
+  if (bytes <= b.bytes) return;
+  void* np = std::realloc(b.p, bytes);
+  if (!np) throw std::bad_alloc();
+  b.p = np;
+  b.bytes = bytes;
+  advise_huge(np, bytes);
+}
+
+// A growable pair of arrays in pooled scratch buffers (no value-initialisation of the
+// room reserved for branch-free writes).
 template <typename T>
 struct Hits {
   int64_t* idx = nullptr;
   T* val = nullptr;
   int64_t size = 0, cap = 0;
   bool values = false;
-  ~Hits() { std::free(idx); std::free(val); }
+  Buf bi, bv;
+  ~Hits() { pool_give(bi); pool_give(bv); }
+  Hits() = default;
+  Hits(Hits&& o) noexcept { *this = std::move(o); }
+  Hits& operator=(Hits&& o) noexcept {
+    std::swap(idx, o.idx); std::swap(val, o.val); std::swap(size, o.size);
+    std::swap(cap, o.cap); std::swap(values, o.values); std::swap(bi, o.bi); std::swap(bv, o.bv);
+    return *this;
+  }
   void ensure(int64_t need) {
     if (need <= cap) return;
     int64_t c = std::max<int64_t>(need, std::max<int64_t>(1024, cap * 2));
-    auto* ni = static_cast<int64_t*>(std::realloc(idx, c * sizeof(int64_t)));
-    if (!ni) throw std::bad_alloc();
-    idx = ni;
+    grow(bi, c * sizeof(int64_t));
+    c = std::max<int64_t>(c, bi.bytes / sizeof(int64_t));
     if (values) {
-      auto* nv = static_cast<T*>(std::realloc(val, c * sizeof(T)));
-      if (!nv) throw std::bad_alloc();
-      val = nv;
+      grow(bv, c * sizeof(T));
+      c = std::min<int64_t>(c, bv.bytes / sizeof(T));
+      val = static_cast<T*>(bv.p);
     }
+    idx = static_cast<int64_t*>(bi.p);
     cap = c;
   }
 };
@@ -341,6 +417,9 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
+  advise_huge(idx_out, sel->total * sizeof(int64_t));
+  advise_huge(idx32_out, sel->total * sizeof(int32_t));
+  advise_huge(val_out, sel->total * sizeof(T));
   int64_t at = 0;
   for (auto& h : sel->parts) {
     if (idx_out && h.size) std::memcpy(idx_out + at, h.idx, h.size * sizeof(int64_t));
@@ -352,11 +431,174 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
   delete sel;
 }
 
+// ---------------------------------------------------------------------------------------
+// In-place unnormalised fast Walsh–Hadamard transform (Sylvester order) of `rows` rows of
+// length d (a power of two). Each butterfly computes exactly what the torch reference
+// (compressors/thc.py fwht_) computes: a' = a + b, b' = a' − 2b (2b is exact), in the
+// same stage order h = 1, 2, 4, ..., so the result equals the reference bit for bit.
+// Cache blocking: all stages h < B run on blocks of B contiguous elements that fit L2
+// (one read and one write of the data); the remaining log2(d/B) stages run on column
+// strips of the (d/B) × B matrix, each strip small enough for L2 (a second read and
+// write). Blocks and strips are split between threads; a result never depends on the
+// thread count (every element sees the same operations in the same order).
+
+typedef float v8f __attribute__((vector_size(32)));
+template <typename T> struct Vec;
+template <> struct Vec<float> { typedef v8f type; static constexpr int L = 8; };
+template <> struct Vec<double> { typedef v4d type; static constexpr int L = 4; };
+
+template <typename V>
+inline V vload(const void* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+template <typename V>
+inline void vstore(void* p, V v) { std::memcpy(p, &v, sizeof v); }
+
+template <typename V>
+inline void vbfly(V& a, V& b) {  // a' = a + b, b' = a' − 2b: the reference's two ops
+  const V s = a + b;
+  b = s - (b + b);
+  a = s;
+}
+
+// The stages h < L inside one vector: lane l pairs with lane l ^ h; the lane with bit h
+// set is the "b" of its butterfly. a + b == b + a exactly, so s = x + partner in both.
+inline v8f small_stages(v8f x) {
+  const v8f* dummy = nullptr; (void)dummy;
+  typedef int32_t v8i __attribute__((vector_size(32)));
+  v8f p, s;
+  p = __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
+  s = x + p;
+  x = (v8i){0, -1, 0, -1, 0, -1, 0, -1} ? s - (x + x) : s;
+  p = __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5);
+  s = x + p;
+  x = (v8i){0, 0, -1, -1, 0, 0, -1, -1} ? s - (x + x) : s;
+  p = __builtin_shufflevector(x, x, 4, 5, 6, 7, 0, 1, 2, 3);
+  s = x + p;
+  x = (v8i){0, 0, 0, 0, -1, -1, -1, -1} ? s - (x + x) : s;
+  return x;
+}
+inline v4d small_stages(v4d x) {
+  v4d p, s;
+  p = __builtin_shufflevector(x, x, 1, 0, 3, 2);
+  s = x + p;
+  x = (v4l){0, -1, 0, -1} ? s - (x + x) : s;
+  p = __builtin_shufflevector(x, x, 2, 3, 0, 1);
+  s = x + p;
+  x = (v4l){0, 0, -1, -1} ? s - (x + x) : s;
+  return x;
+}
+
+// Stages h (and 2h when `two`) over n elements spaced by `stride` T's between the rows
+// of a butterfly: x[j + i], x[j + i + h·stride], ... for a width of `w` elements (a
+// multiple of L). Used in blocks (stride 1, w = h) and across blocks (stride B).
+template <typename T>
+inline void sweep(T* x, int64_t rows, int64_t h, bool two, int64_t stride, int64_t w) {
+  typedef typename Vec<T>::type V;
+  constexpr int L = Vec<T>::L;
+  const int64_t hs = h * stride;
+  if (two) {
+    for (int64_t j = 0; j < rows; j += 4 * h)
+      for (int64_t q = j; q < j + h; ++q) {
+        T* p0 = x + q * stride;
+        for (int64_t i = 0; i < w; i += L) {
+          V a = vload<V>(p0 + i), b = vload<V>(p0 + hs + i);
+          V c = vload<V>(p0 + 2 * hs + i), e = vload<V>(p0 + 3 * hs + i);
+          vbfly(a, b); vbfly(c, e);
+          vbfly(a, c); vbfly(b, e);
+          vstore(p0 + i, a); vstore(p0 + hs + i, b);
+          vstore(p0 + 2 * hs + i, c); vstore(p0 + 3 * hs + i, e);
+        }
+      }
+  } else {
+    for (int64_t j = 0; j < rows; j += 2 * h)
+      for (int64_t q = j; q < j + h; ++q) {
+        T* p0 = x + q * stride;
+        for (int64_t i = 0; i < w; i += L) {
+          V a = vload<V>(p0 + i), b = vload<V>(p0 + hs + i);
+          vbfly(a, b);
+          vstore(p0 + i, a); vstore(p0 + hs + i, b);
+        }
+      }
+  }
+}
+
+template <typename T>
+void fwht_scalar(T* x, int64_t n) {
+  for (int64_t h = 1; h < n; h *= 2)
+    for (int64_t j = 0; j < n; j += 2 * h)
+      for (int64_t q = j; q < j + h; ++q) {
+        const T s = x[q] + x[q + h];
+        x[q + h] = s - (x[q + h] + x[q + h]);
+        x[q] = s;
+      }
+}
+
+template <typename T>
+void fwht_block(T* x, int64_t n) {
+  typedef typename Vec<T>::type V;
+  constexpr int L = Vec<T>::L;
+  if (n < L) { fwht_scalar(x, n); return; }
+  for (int64_t i = 0; i < n; i += L) vstore(x + i, small_stages(vload<V>(x + i)));
+  // Stages h = L, 2L, ...: rows of L elements, two stages per sweep. In row units the
+  // block has n/L rows; stage h elements = h/L rows.
+  const int64_t rows = n / L;
+  int64_t h = 1;
+  while (h < rows) {
+    const bool two = 2 * h < rows;
+    sweep(x, rows, h, two, L, L);
+    h *= two ? 4 : 2;
+  }
+}
+
+template <typename F>
+void parallel_range(int64_t count, int threads, F&& body) {
+  int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
+  if (nth == 1) { body(0, count); return; }
+  std::vector<std::thread> pool;
+  pool.reserve(nth - 1);
+  for (int t = 1; t < nth; ++t) {
+    const int64_t a = count * t / nth, b = count * (t + 1) / nth;
+    pool.emplace_back([&body, a, b] { body(a, b); });
+  }
+  body(0, count / nth);
+  for (auto& th : pool) th.join();
+}
+
+template <typename T>
+void fwht(T* x, int64_t rows, int64_t d, int threads) {
+  if (d < 2 || rows < 1) return;
+  const int64_t cache_elems = (256 * 1024) / static_cast<int64_t>(sizeof(T));
+  const int64_t B = std::min<int64_t>(d, cache_elems);
+  const int64_t per_row = d / B;
+  parallel_range(rows * per_row, threads, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) fwht_block(x + i * B, B);
+  });
+  if (per_row == 1) return;
+  const int64_t m = per_row;  // rows of the B-wide matrix: stages B, 2B, ... across them
+  const int64_t W = std::min<int64_t>(B, std::max<int64_t>(64 / sizeof(T) * 4, cache_elems / m));
+  const int64_t strips = B / W;
+  for (int64_t r = 0; r < rows; ++r) {
+    T* base = x + r * d;
+    parallel_range(strips, threads, [&](int64_t a, int64_t b) {
+      for (int64_t s = a; s < b; ++s) {
+        T* col = base + s * W;
+        int64_t h = 1;
+        while (h < m) {
+          const bool two = 2 * h < m;
+          sweep(col, m, h, two, B, W);
+          h *= two ? 4 : 2;
+        }
+      }
+    });
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
 int gc_abi_version() { return 1; }
+
+void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
 #define GC_DEFINE(SUFFIX, T)                                                                 \
   void gc_stats_##SUFFIX(const T* x, int64_t n, int threads, int all, double above,          \
@@ -373,6 +615,9 @@ int gc_abi_version() { return 1; }
   }                                                                                           \
   void gc_select_take_##SUFFIX(void* h, int64_t* idx, int32_t* idx32, T* val) {              \
     select_take<T>(h, idx, idx32, val);                                                       \
+  }                                                                                           \
+  void gc_fwht_##SUFFIX(T* x, int64_t rows, int64_t d, int threads) {                         \
+    fwht<T>(x, rows, d, threads);                                                             \
   }
 
 GC_DEFINE(f32, float)
