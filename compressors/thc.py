@@ -243,6 +243,15 @@ class RotatedGrid:
         many coordinates were clamped."""
         rotated = self.rotate(x)
         clamped = int((rotated.abs() > self.t_p).sum()) if count_clamped else None
+        if _native.supports(rotated) and rotated.dtype == torch.float32 and (
+                table.dtype == torch.float32 and table.device.type == "cpu"):
+            # One fused pass; the same noise draw and float32 operations: the same z.
+            if lut is None:
+                lut = interval_lut(table)
+            noise = torch.rand(rotated.shape, generator=generator, device=rotated.device)
+            gaps = (table[1:] - table[:-1]).contiguous()
+            return _native.thc_encode(rotated, noise, self.t_p, self.granularity,
+                                      table.contiguous(), gaps, lut.contiguous()), clamped
         grid_values = rotated.clamp_(-self.t_p, self.t_p).add_(self.t_p)
         grid_values.mul_(self.granularity / (2 * self.t_p)).clamp_(0, self.granularity)
         return table_encode(grid_values, table, generator, lut), clamped

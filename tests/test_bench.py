@@ -194,3 +194,13 @@ def test_fwht_floor_redsync_probes_and_native_flag():
     cells = {e["compressor"]: e for e in report["encode"]}
     assert cells["redsync"]["probes"] >= 1 and cells["redsync"]["encode_per_probe_over_floor"] > 0
     assert cells["thc"]["encode_over_fwht"] > 0 and cells["topk"]["encode_over_fwht"] is None
+
+
+def test_fixed_threshold_cells_get_the_lambda_that_keeps_the_ratio():
+    x = synthetic("laplace", 100_000, 1, 0, 0)[0]
+    cache: dict = {}
+    params = bench._cell_params("hard_threshold", 0.001, x, cache)
+    k = compressors.base.target_k(x.numel(), 0.001)
+    assert int((x.abs() >= params["lam"]).sum()) == k  # continuous data: no ties
+    assert bench._cell_params("hard_threshold", 0.001, x, cache) == params  # computed once
+    assert bench._cell_params("sidco_e", 0.001, x, cache) == {"ratio": 0.001}

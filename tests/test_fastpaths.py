@@ -139,6 +139,26 @@ def test_native_fwht_equals_the_torch_butterflies(monkeypatch, dtype, rows, d):
 
 
 @needs_native
+@pytest.mark.parametrize("n", [1, 1000, 3 << 18])
+def test_native_thc_encoding_equals_the_torch_path(monkeypatch, n):
+    from compressors.thc import RotatedGrid
+    from compressors.thc_table import get_table
+    table = torch.tensor(get_table(4, 30, 1 / 32), dtype=torch.float32)
+    x = _laplace(n, torch.float32, seed=n) * 50  # some coordinates clamp
+    norm = float(x.norm())
+
+    def encode():
+        grid = RotatedGrid.make(n, norm, 1 / 32, 30, seed=7, device="cpu")
+        gen = torch.Generator().manual_seed(3)
+        return grid.encode(x, table, gen, count_clamped=True)
+
+    expected = _reference(monkeypatch, encode)
+    got = encode()
+    assert got[1] == expected[1] and got[0].dtype == expected[0].dtype == torch.int32
+    assert torch.equal(got[0], expected[0])
+
+
+@needs_native
 def test_native_fwht_does_not_depend_on_the_thread_count():
     x = torch.randn(1 << 21)
     old = torch.get_num_threads()

@@ -135,6 +135,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_abi_version.restype = ctypes.c_int
     lib.gc_advise_huge.argtypes = [_P, _C_INT64]
     lib.gc_advise_huge.restype = None
+    f = lib.gc_thc_encode_f32
+    f.argtypes = [_P, _P, _C_INT64, ctypes.c_int, ctypes.c_float, ctypes.c_float,
+                  ctypes.c_float, _P, _P, _P, _P]
+    f.restype = None
 
 
 def load() -> ctypes.CDLL | None:
@@ -254,6 +258,21 @@ def empty(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if lib is not None and out.numel():
         lib.gc_advise_huge(out.data_ptr(), out.numel() * out.element_size())
     return out
+
+
+def thc_encode(rotated: torch.Tensor, noise: torch.Tensor, t_p: float, granularity: int,
+               table: torch.Tensor, gaps: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """THC's grid quantisation in one pass (int32 indices z): clamp to ±t_p, map onto
+    [0, g], interval by `lut`, stochastic rounding against `noise`. The same float32
+    operations as compressors.thc's torch path, so the same z. All contiguous CPU:
+    rotated/noise/table/gaps float32, lut int32."""
+    n = rotated.numel()
+    z = torch.empty(n, dtype=torch.int32)
+    load().gc_thc_encode_f32(
+        rotated.data_ptr(), noise.data_ptr(), n, _threads(n), float(t_p),
+        float(granularity / (2 * t_p)), float(granularity), table.data_ptr(),
+        gaps.data_ptr(), lut.data_ptr(), z.data_ptr())
+    return z
 
 
 def fwht_(x: torch.Tensor) -> torch.Tensor:
