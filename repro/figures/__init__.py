@@ -26,13 +26,14 @@ from repro.figures.base import (
     write_results_readme,
 )
 
-# The default set of `scripts/repro_figure.sh` with no argument: the figures whose full
-# variants finish together in about ten minutes on a 2-core CPU.
-# Chosen from the full variants' measured run times (results/<id>/status.json), one or more
-# per paper: micro-benchmarks and analyses, no training figure (those take 2-16 min each).
+# The default set of `scripts/repro_figure.sh` with no argument.
+# Chosen from the full variants' measured run times: one or more per paper, about 6 minutes
+# together on an idle 2-core CPU (2 min for the first eight, 4 for the last five, measured
+# in a fresh clone; several times longer when other jobs share the cores).
 DEFAULT_SET: tuple[str, ...] = (
     "sidco-fig16", "dragonn-fig5a", "dragonn-fig5b", "dragonn-lemmaA10", "dragonn-fig1b",
     "deft-fig9", "thc-fig2b", "thc-fig10",
+    "deft-fig1", "sidco-fig1", "dragonn-fig7", "sidco-fig9", "thc-fig4",
 )
 
 _loaded = False
