@@ -414,6 +414,20 @@ def _convergence_runs(ctx: Context, compressors: Sequence[str]) -> dict[tuple[st
     return {(w, c): deft_run(ctx, w, c, n) for w in _workloads(ctx) for c in compressors}
 
 
+def per_worker_split(lines: list[dict[str, Any]], workers: int) -> tuple[float, float, float]:
+    """(compute, compression, projected communication) seconds per step of ONE worker.
+    The simulated step runs every worker's backward pass and compression in turn, so a
+    worker's compute is (step − n·compression)/n; communication is the cost model's
+    projection from the bytes really sent (projected/step_s − compute_s − compress_s)."""
+    lines = lines[1:] or lines  # step 0 carries one-off set-up costs
+    compress = statistics.fmean(line.get("compress_s") or 0.0 for line in lines)
+    step = statistics.fmean(line["step_s"] for line in lines)
+    compute = max(0.0, (step - workers * compress) / workers)
+    comm = statistics.fmean(line["projected/step_s"] - line["compute_s"] - line["compress_s"]
+                            for line in lines)
+    return compute, compress, comm
+
+
 def _run_table(ctx: Context, runs: dict[tuple[str, str], str], name: str) -> dict:
     """Per-step metrics of the runs as one CSV; returns {(workload, comp): (lines, summary)}."""
     data, rows = {}, []
@@ -640,18 +654,13 @@ def deft_fig7(ctx: Context) -> list[Row]:
     data = _run_table(ctx, runs, "steps")
     rows, split = [], {}
     for c in comps:
-        lines = data[(workload, c)][0][1:]  # step 0 carries one-off set-up costs
-        compress = [line["compress_s"] for line in lines if line.get("compress_s") is not None]
+        lines = data[(workload, c)][0]
+        compute, _, comm = per_worker_split(lines, n)
+        compress = [line["compress_s"] for line in lines[1:] if line.get("compress_s") is not None]
         # Worker 0's selection time; CLT-k's leader (the worker everyone waits for) rotates,
         # so each n-step cycle is represented by its slowest step, for every compressor.
         cycles = [max(compress[i:i + n]) for i in range(0, len(compress), n)] or [0.0]
         select = statistics.fmean(cycles)
-        step = statistics.fmean(line["step_s"] for line in lines)
-        # The simulated step runs all n workers' backward passes and compressions in turn:
-        # one worker's compute is what remains after n compressions, divided by n.
-        compute = max(0.0, (step - n * statistics.fmean(compress)) / n)
-        comm = statistics.fmean(line["projected/step_s"] - line["compute_s"] - line["compress_s"]
-                                for line in lines)
         split[c] = (compute, select, comm)
         rows.append({"workload": workload, "compressor": c, "workers": n,
                      "compute_s": compute, "selection_s": select,

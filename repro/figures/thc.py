@@ -243,7 +243,13 @@ import os  # noqa: E402
 
 import torch  # noqa: E402
 
-from repro.figures.deft import eval_key, final_eval, run_metrics, series  # noqa: E402
+from repro.figures.deft import (  # noqa: E402
+    eval_key,
+    final_eval,
+    per_worker_split,
+    run_metrics,
+    series,
+)
 
 THC_TASK = "cifar100_resnet50"  # THC Section 8.3's workload (small model, stand-in images)
 THC_TRAIN_HARDWARE = ("simulated workers on one device (THC Section 8.3), ResNet-50 / "
@@ -256,20 +262,6 @@ def _steps_to(lines: list[dict[str, Any]], key: str, target: float) -> int | Non
         if y >= target:
             return x + 1
     return None
-
-
-def _per_worker_split(lines: list[dict[str, Any]], workers: int) -> tuple[float, float, float]:
-    """(compute, compression, projected communication) seconds per step of ONE worker.
-    The simulated step runs every worker's backward pass and compression in turn, so a
-    worker's compute is (step − n·compression)/n; communication is the cost model's
-    projection from the bytes really sent (projected/step_s − compute_s − compress_s)."""
-    lines = lines[1:] or lines  # step 0 carries one-off set-up costs
-    compress = statistics.fmean(line.get("compress_s") or 0.0 for line in lines)
-    step = statistics.fmean(line["step_s"] for line in lines)
-    compute = max(0.0, (step - workers * compress) / workers)
-    comm = statistics.fmean(line["projected/step_s"] - line["compute_s"] - line["compress_s"]
-                            for line in lines)
-    return compute, compress, comm
 
 
 # -- Fig. 4: time-to-accuracy and throughput (projected) ------------------------------------
@@ -314,7 +306,7 @@ def thc_fig4(ctx: Context) -> list[Row]:
     rows = []
     for lab in labels:
         lines, summary = data[lab]
-        compute, compress, comm = _per_worker_split(lines, workers)
+        compute, compress, comm = per_worker_split(lines, workers)
         step_s = compute + compress + comm
         reach = _steps_to(lines, key, target) if best_base > 0 else None
         batch = 8 if ctx.smoke else 16
