@@ -1,7 +1,8 @@
 """Optional native kernels for the magnitude passes of the threshold sparsifiers.
 
-`kernels.cpp` (next to this file) is a plain C-ABI library with no torch headers: it is
-compiled with the system C++ compiler at first use (about a second) into a cache folder
+The C++ sources next to this file (`kernels.cpp`: magnitude statistics and selections;
+`thc_kernels.cpp`: FWHT and THC's encoding; `common.h`) form one plain C-ABI library with
+no torch headers: it is compiled with the system C++ compiler at first use (about a second) into a cache folder
 and loaded with ctypes. Everything here is optional: when no compiler is found, the
 build fails, the tensor is not a contiguous CPU float32/float64 tensor, or the
 environment says GRADCOMP_NATIVE=0, `available()` / `supports()` answer False and the
@@ -31,7 +32,9 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("kernels.cpp")
+HERE = Path(__file__).parent
+SOURCES = ("kernels.cpp", "thc_kernels.cpp")
+HEADERS = ("common.h",)
 ABI_VERSION = 1
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
@@ -84,7 +87,7 @@ _BASE_FLAGS = ["-O3", "-std=c++17", "-shared", "-fPIC", "-pthread", "-ffp-contra
 
 
 def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
+    source = b"".join((HERE / name).read_bytes() for name in SOURCES + HEADERS)
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True,
                              timeout=60).stdout
     key = hashlib.sha256(source + version.encode() + _cpu_signature().encode()
@@ -101,7 +104,8 @@ def _build(compiler: str) -> Path:
     try:
         errors = []
         for arch in (["-march=native"], []):
-            cmd = [compiler, *_BASE_FLAGS, *arch, str(SOURCE), "-o", tmp]
+            cmd = [compiler, *_BASE_FLAGS, *arch, *(str(HERE / name) for name in SOURCES),
+                   "-o", tmp]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             if done.returncode == 0:
                 os.replace(tmp, target)

@@ -1,0 +1,107 @@
+// Shared by the native kernel sources (kernels.cpp, thc_kernels.cpp): threading,
+// vector types and huge-page advice. Everything is in an anonymous namespace: each
+// source gets its own copy and the library exports only the extern "C" entry points.
+#pragma once
+
+#include <algorithm>
+#include <cstdlib>
+#include <cmath>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
+namespace {
+
+constexpr int64_t BLOCK = 1 << 15;
+constexpr int LANES = 8;
+
+template <typename F>
+void parallel_blocks(int64_t n, int threads, F&& body) {
+  // body(first_block, last_block) over contiguous ranges of blocks, one per thread.
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  int nth = std::max<int64_t>(1, std::min<int64_t>(threads, blocks));
+  if (nth == 1) {
+    body(0, blocks, 0);
+    return;
+  }
+  std::vector<std::thread> pool;
+  pool.reserve(nth - 1);
+  for (int t = 1; t < nth; ++t) {
+    const int64_t b0 = blocks * t / nth, b1 = blocks * (t + 1) / nth;
+    pool.emplace_back([&body, b0, b1, t] { body(b0, b1, t); });
+  }
+  body(0, blocks / nth, 0);
+  for (auto& th : pool) th.join();
+}
+
+template <typename F>
+void parallel_range(int64_t count, int threads, F&& body) {
+  int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
+  if (nth == 1) { body(0, count); return; }
+  std::vector<std::thread> pool;
+  pool.reserve(nth - 1);
+  for (int t = 1; t < nth; ++t) {
+    const int64_t a = count * t / nth, b = count * (t + 1) / nth;
+    pool.emplace_back([&body, a, b] { body(a, b); });
+  }
+  body(0, count / nth);
+  for (auto& th : pool) th.join();
+}
+
+// Four lanes of doubles (GCC/Clang vector extensions: AVX2 registers where the CPU has
+// them, pairs of SSE2 registers or scalars elsewhere). Float inputs are widened exactly.
+typedef double v4d __attribute__((vector_size(32)));
+typedef int64_t v4l __attribute__((vector_size(32)));
+typedef uint64_t v4u __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+inline v4d load4(const float* p) {
+  v4f f;
+  std::memcpy(&f, p, sizeof f);
+  return __builtin_convertvector(f, v4d);
+}
+inline v4d load4(const double* p) {
+  v4d d;
+  std::memcpy(&d, p, sizeof d);
+  return d;
+}
+inline v4d vabs(v4d a) {
+  const v4l sign_off = {INT64_MAX, INT64_MAX, INT64_MAX, INT64_MAX};
+  return (v4d)((v4l)a & sign_off);
+}
+inline double hsum(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
+
+typedef float v8f __attribute__((vector_size(32)));
+template <typename T> struct Vec;
+template <> struct Vec<float> { typedef v8f type; static constexpr int L = 8; };
+template <> struct Vec<double> { typedef v4d type; static constexpr int L = 4; };
+
+template <typename V>
+inline V vload(const void* p) { V v; std::memcpy(&v, p, sizeof v); return v; }
+template <typename V>
+inline void vstore(void* p, V v) { std::memcpy(p, &v, sizeof v); }
+
+// Fresh large buffers cost a page fault per 4 KiB page on first touch (measured here:
+// about 10x the cost of writing the data). Where transparent huge pages are available
+// on request (THP "madvise" mode), ask for them on the 2 MiB-aligned interior of buffers
+// of 4 MiB or more before they are first written. Advice only: failures are ignored.
+inline void advise_huge(void* p, size_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  constexpr uintptr_t HUGE = uintptr_t(1) << 21;
+  if (!p || bytes < 2 * HUGE) return;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + HUGE - 1) & ~(HUGE - 1);
+  const uintptr_t e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(HUGE - 1);
+  if (e > a) madvise(reinterpret_cast<void*>(a), e - a, MADV_HUGEPAGE);
+#else
+  (void)p; (void)bytes;
+#endif
+}
+}  // namespace
