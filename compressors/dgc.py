@@ -100,7 +100,10 @@ def sample_threshold(
         top = k
     else:
         positions = torch.randint(0, numel, (s,), generator=generator, device=acc.device)
-        sample = acc.index_select(0, positions).abs().to(stat_dtype)
+        if _native.supports(acc) and positions.is_contiguous():
+            sample = _native.gather_abs(acc.reshape(-1), positions).to(stat_dtype)
+        else:
+            sample = acc.index_select(0, positions).abs().to(stat_dtype)
         top = max(1, min(s, math.ceil(s * ratio * (1 - 1e-12))))
     threshold = torch.topk(sample, top, sorted=False).values.min()
     tiny = torch.nextafter(

@@ -290,9 +290,10 @@ class _SIDCo(ThresholdSparsifier):
         base, pool_idx, pool = None, None, acc
         for stage, ratio in enumerate(ratios[1:]):
             if stage > 0:
-                pool_idx, pool = _native.select(pool, threshold, strict=True, values=True,
-                                                index_map=pool_idx,
-                                                reserve=int(2 * ratio * pool.numel()))
+                # The fraction of `pool` expected above the threshold: δ₁·δ₂ of acc for the
+                # first pool, then the previous stage's ratio of the pool.
+                keep = ratios[0] * ratios[1] if pool_idx is None else ratios[stage]
+                pool_idx, pool = _compact(pool, threshold, pool_idx, keep)
                 base = threshold
                 if pool.numel() == 0:
                     break
@@ -337,6 +338,23 @@ class _SIDCo(ThresholdSparsifier):
         state["stages"] = min(max(stages, 1), self.max_stages)
         state["quality_sum"] = 0.0
         state["quality_steps"] = 0
+
+
+# Above this expected fraction the pool is compacted branch-free (every group of 8 written
+# through a permutation table) instead of skipping groups without a hit.
+_DENSE_POOL = 0.02
+
+
+def _compact(pool: torch.Tensor, t: float, pool_idx: torch.Tensor | None,
+             keep: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions in acc (int64, ascending) and magnitudes of the elements of `pool` with
+    |x| > t; `pool_idx` maps pool positions to acc positions (None: pool is acc)."""
+    if pool.dtype == torch.float32:
+        _, local, values = _native.pool(pool, t, dense=keep > _DENSE_POOL,
+                                        reserve=int(1.25 * keep * pool.numel()) + 1024)
+        return (local if pool_idx is None else pool_idx.index_select(0, local)), values
+    return _native.select(pool, t, strict=True, values=True, index_map=pool_idx,
+                          reserve=int(2 * keep * pool.numel()))
 
 
 def _above(threshold: float, base: float, dtype: torch.dtype) -> bool:

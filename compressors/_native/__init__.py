@@ -133,9 +133,17 @@ def _declare(lib: ctypes.CDLL) -> None:
         f = getattr(lib, f"gc_fwht_{suffix}")
         f.argtypes = [ptr, _C_INT64, _C_INT64, ctypes.c_int]
         f.restype = None
+        f = getattr(lib, f"gc_gather_abs_{suffix}")
+        f.argtypes = [ptr, _P, _C_INT64, ctypes.c_int, ptr]
+        f.restype = None
         f = getattr(lib, f"gc_select_take_{suffix}")
         f.argtypes = [_P, _P, _P, _P]
         f.restype = None
+    lib.gc_pool_begin_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_double,
+                                      ctypes.c_double, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_double, ctypes.c_int, _C_INT64, _P,
+                                      ctypes.POINTER(_C_INT64)]
+    lib.gc_pool_begin_f32.restype = _P
     lib.gc_abi_version.restype = ctypes.c_int
     lib.gc_advise_huge.argtypes = [_P, _C_INT64]
     lib.gc_advise_huge.restype = None
@@ -251,6 +259,46 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
     _fn("gc_select_take", x)(handle, idx.data_ptr(), None,
                              None if val is None else val.data_ptr())
     return idx, val
+
+
+def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0.0,
+         squares: bool = False, extremes: bool = False, dense: bool = False, reserve: int = 0,
+         ) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
+    """float32 only. Ascending positions (int64) and |x| of {|x| > t} (the next "pool"),
+    and, when `above` is given, in the same read the statistics `stats(x, above, shift,
+    squares, extremes)` would return (bit for bit: the same per-block partials; nonzeros
+    count only with `extremes`, no logs). `dense`: more than a few percent are expected to
+    pass (the hits are written branch-free). One read pass of x."""
+    if x.dtype != torch.float32:
+        raise TypeError(f"pool() takes float32 tensors, got {x.dtype}")
+    n = x.numel()
+    out = (ctypes.c_double * 7)()
+    total = _C_INT64(0)
+    flags = (1 if squares else 0) | (2 if extremes else 0)
+    handle = load().gc_pool_begin_f32(
+        x.data_ptr(), n, _threads(n), 0.0 if above is None else float(above), float(shift),
+        flags, int(above is not None), float(t), int(dense), int(reserve), out,
+        ctypes.byref(total))
+    if not handle:
+        raise MemoryError("native pool could not allocate its buffers")
+    idx = torch.empty(total.value, dtype=torch.int64)
+    val = torch.empty(total.value, dtype=x.dtype)
+    _fn("gc_select_take", x)(handle, idx.data_ptr(), None, val.data_ptr())
+    st = None
+    if above is not None:
+        st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+    return st, idx, val
+
+
+def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """|x[positions]| (x's dtype; positions int64, contiguous, in [0, x.numel()) — not
+    checked): x.index_select(0, positions).abs() with the random reads overlapped."""
+    s = positions.numel()
+    out = torch.empty(s, dtype=x.dtype)
+    if s:
+        threads = max(1, min(torch.get_num_threads(), s // (1 << 14)))
+        _fn("gc_gather_abs", x)(x.data_ptr(), positions.data_ptr(), s, threads, out.data_ptr())
+    return out
 
 
 def empty(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -17,6 +17,9 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -80,6 +83,25 @@ inline v4d vabs(v4d a) {
 inline double hsum(v4d v) { return (v[0] + v[1]) + (v[2] + v[3]); }
 
 typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+
+inline v8f vabs8(v8f a) {
+  const v8i sign_off = {INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX,
+                        INT32_MAX, INT32_MAX, INT32_MAX, INT32_MAX};
+  return (v8f)((v8i)a & sign_off);
+}
+inline v8f load8(const float* p) { v8f v; std::memcpy(&v, p, sizeof v); return v; }
+
+// Bit l set where lane l of a comparison result is true.
+inline int mask8(v8i m) {
+#if defined(__AVX__)
+  return _mm256_movemask_ps((__m256)m);
+#else
+  int r = 0;
+  for (int l = 0; l < 8; ++l) r |= (m[l] != 0) << l;
+  return r;
+#endif
+}
 template <typename T> struct Vec;
 template <> struct Vec<float> { typedef v8f type; static constexpr int L = 8; };
 template <> struct Vec<double> { typedef v4d type; static constexpr int L = 4; };

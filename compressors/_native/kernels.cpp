@@ -17,6 +17,8 @@
 
 #include "common.h"
 
+#include <type_traits>
+
 namespace {
 
 struct Partial {
@@ -168,9 +170,39 @@ void stats(const T* x, int64_t n, int threads, int all, double above, double shi
   out[4] = total.min; out[5] = total.nonzero; out[6] = total.log_sum;
 }
 
+// float32 inputs compare in float32 lanes (8 per vector, no widening); the result is the
+// same predicate, so the same count.
+template <bool STRICT>
+int64_t count_f32(const float* x, int64_t n, int threads, float tt) {
+  const v8f tv = {tt, tt, tt, tt, tt, tt, tt, tt};
+  std::vector<int64_t> per(std::max(1, threads), 0);
+  parallel_blocks(n, threads, [&](int64_t b0, int64_t b1, int tid) {
+    int64_t total = 0;
+    for (int64_t b = b0; b < b1; ++b) {  // per block: int32 lane counts never overflow
+      const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
+      v8i c0 = {0, 0, 0, 0, 0, 0, 0, 0}, c1 = c0;
+      int64_t i = lo;
+      for (; i + 16 <= hi; i += 16) {
+        const v8f a0 = vabs8(load8(x + i)), a1 = vabs8(load8(x + i + 8));
+        c0 -= STRICT ? (a0 > tv) : (a0 >= tv);
+        c1 -= STRICT ? (a1 > tv) : (a1 >= tv);
+      }
+      const v8i c = c0 + c1;
+      for (int l = 0; l < 8; ++l) total += c[l];
+      for (; i < hi; ++i) total += STRICT ? (std::fabs(x[i]) > tt) : (std::fabs(x[i]) >= tt);
+    }
+    per[tid] = total;
+  });
+  int64_t total = 0;
+  for (int64_t v : per) total += v;
+  return total;
+}
+
 template <typename T>
 int64_t count(const T* x, int64_t n, int threads, double t, int strict) {
   const T tt = static_cast<T>(t);
+  if constexpr (std::is_same<T, float>::value)
+    return strict ? count_f32<true>(x, n, threads, tt) : count_f32<false>(x, n, threads, tt);
   const double td = static_cast<double>(tt);
   const v4d tv = {td, td, td, td};
   std::vector<int64_t> per(std::max(1, threads), 0);
@@ -287,10 +319,41 @@ struct Selection {
 
 // Hits of one stretch, ascending: groups of 8 with no hit (almost all of them at small
 // ratios) are skipped after one vector compare; the others are written branch-free.
+template <bool STRICT>
+void select_range_f32(const float* x, const int64_t* map, int64_t lo, int64_t hi, float tt,
+                      Hits<float>& out) {
+  // float32: groups of 16 tested in float32 lanes (no widening), the rare groups with a
+  // hit written branch-free as below.
+  const v8f tv = {tt, tt, tt, tt, tt, tt, tt, tt};
+  for (int64_t i = lo; i < hi; i += 16) {
+    const int64_t end = std::min(hi, i + 16);
+    if (end - i == 16) {
+      const v8f a0 = vabs8(load8(x + i)), a1 = vabs8(load8(x + i + 8));
+      const v8i m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
+      if (!mask8(m)) continue;
+    }
+    out.ensure(out.size + 16);
+    int64_t k = out.size;
+    int64_t* idx = out.idx;
+    float* val = out.val;
+    for (int64_t j = i; j < end; ++j) {
+      const float a = std::fabs(x[j]);
+      idx[k] = map ? map[j] : j;
+      if (val) val[k] = a;
+      k += STRICT ? (a > tt) : (a >= tt);
+    }
+    out.size = k;
+  }
+}
+
 template <typename T, bool STRICT>
 void select_range(const T* x, const int64_t* map, int64_t lo, int64_t hi, double t,
                   Hits<T>& out) {
   const T tt = static_cast<T>(t);
+  if constexpr (std::is_same<T, float>::value) {
+    select_range_f32<STRICT>(x, map, lo, hi, tt, out);
+    return;
+  }
   const double td = static_cast<double>(tt);
   const v4d tv = {td, td, td, td};
   int64_t i = lo;
@@ -342,6 +405,136 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
   return sel;
 }
 
+// ---------------------------------------------------------------------------------------
+// A stage's statistics and the next pool in one read (float32; SIDCo's second pass):
+// per block of BLOCK elements, first the same block_stats as gc_stats (so the same
+// partials, bit for bit: the statistics do not depend on whether a pool is built), then,
+// while the block is still in cache, its elements with |x| > pool_t appended (position,
+// |x|) to the thread's hit buffers in ascending order. `dense` (the caller expects more
+// than a few percent to pass) writes every group of 8 branch-free through a permutation
+// table; otherwise groups of 16 without a hit are skipped after one compare. Positions
+// must fit int32 (n < 2^31) on the permutation path; larger inputs use the other one.
+
+#if defined(__AVX2__)
+struct PermTable {
+  alignas(32) int32_t lanes[256][8];
+  PermTable() {
+    for (int m = 0; m < 256; ++m) {
+      int j = 0;
+      for (int b = 0; b < 8; ++b)
+        if (m >> b & 1) lanes[m][j++] = b;
+      for (; j < 8; ++j) lanes[m][j] = 0;
+    }
+  }
+};
+const PermTable perm_table;
+#endif
+
+void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<float>& out) {
+  out.ensure(out.size + (hi - lo) + 16);
+  int64_t k = out.size;
+  int64_t* idx = out.idx;
+  float* val = out.val;
+  int64_t i = lo;
+#if defined(__AVX2__)
+  if (hi < (int64_t(1) << 31) - 16) {
+    const __m256 tv = _mm256_set1_ps(tt);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
+    __m256i pos = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                   _mm256_set1_epi32(static_cast<int32_t>(lo)));
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (; i + 8 <= hi; i += 8) {
+      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+      const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, tv, _CMP_GT_OQ));
+      const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
+      _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
+      const __m256i q = _mm256_permutevar8x32_epi32(pos, p);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + k),
+                          _mm256_cvtepi32_epi64(_mm256_castsi256_si128(q)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + k + 4),
+                          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(q, 1)));
+      k += __builtin_popcount(static_cast<unsigned>(m));
+      pos = _mm256_add_epi32(pos, eight);
+    }
+  }
+#endif
+  for (; i < hi; ++i) {
+    const float a = std::fabs(x[i]);
+    idx[k] = i;
+    val[k] = a;
+    k += a > tt;
+  }
+  out.size = k;
+}
+
+void* pool_begin(const float* x, int64_t n, int threads, double above, double shift, int flags,
+                 int want_stats, double pool_t, int dense, int64_t reserve, double* out,
+                 int64_t* total) {
+  auto* sel = new (std::nothrow) Selection<float>();
+  if (!sel) return nullptr;
+  const int nth = std::max(1, threads);
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  const float pt = static_cast<float>(pool_t);
+  const double abv = static_cast<double>(static_cast<float>(above));
+  const bool sq = flags & 1, ext = (flags & 2) != 0;
+  try {
+    std::vector<Partial> part(want_stats ? blocks : 0);
+    sel->parts.resize(nth);
+    parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
+      Hits<float>& h = sel->parts[tid];
+      h.values = true;
+      h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
+      for (int64_t b = b0; b < b1; ++b) {
+        const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
+        if (want_stats) {
+          if (sq) {
+            if (ext) block_stats<float, false, true, true>(x + lo, hi - lo, abv, shift, part[b]);
+            else block_stats<float, false, true, false>(x + lo, hi - lo, abv, shift, part[b]);
+          } else {
+            if (ext) block_stats<float, false, false, true>(x + lo, hi - lo, abv, shift, part[b]);
+            else block_stats<float, false, false, false>(x + lo, hi - lo, abv, shift, part[b]);
+          }
+        }
+        if (dense)
+          compact_block_dense(x, lo, hi, pt, h);
+        else
+          select_range_f32<true>(x, nullptr, lo, hi, pt, h);
+      }
+    });
+    if (want_stats) {
+      Partial t;
+      for (const Partial& p : part) {
+        t.count += p.count; t.sum += p.sum; t.sumsq += p.sumsq;
+        t.nonzero += p.nonzero;
+        t.max = std::max(t.max, p.max);
+        t.min = std::min(t.min, p.min);
+      }
+      out[0] = t.count; out[1] = t.sum; out[2] = t.sumsq; out[3] = t.max; out[4] = t.min;
+      out[5] = t.nonzero; out[6] = 0;
+    }
+  } catch (...) {
+    delete sel;
+    return nullptr;
+  }
+  for (auto& h : sel->parts) sel->total += h.size;
+  *total = sel->total;
+  return sel;
+}
+
+// out[i] = |x[pos[i]]| for a random sample of positions (DGC/DRAGONN's threshold sample):
+// the reads are cache misses, so each thread keeps several in flight by prefetching
+// PREFETCH positions ahead.
+template <typename T>
+void gather_abs(const T* x, const int64_t* pos, int64_t s, int threads, T* out) {
+  constexpr int64_t PREFETCH = 16;
+  parallel_range(s, threads, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      if (i + PREFETCH < b) __builtin_prefetch(x + pos[i + PREFETCH]);
+      out[i] = std::fabs(x[pos[i]]);
+    }
+  });
+}
+
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
@@ -367,6 +560,13 @@ int gc_abi_version() { return 1; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
+void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
+                        int flags, int want_stats, double pool_t, int dense, int64_t reserve,
+                        double* out, int64_t* total) {
+  return pool_begin(x, n, threads, above, shift, flags, want_stats, pool_t, dense, reserve, out,
+                    total);
+}
+
 #define GC_DEFINE(SUFFIX, T)                                                                 \
   void gc_stats_##SUFFIX(const T* x, int64_t n, int threads, int all, double above,          \
                          double shift, int flags, double* out) {                              \
@@ -379,6 +579,9 @@ void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>
                                  double t, int strict, int values, int64_t reserve,           \
                                  int64_t* total) {                                            \
     return select_begin<T>(x, map, n, threads, t, strict, values, reserve, total);            \
+  }                                                                                           \
+  void gc_gather_abs_##SUFFIX(const T* x, const int64_t* pos, int64_t s, int threads, T* out) { \
+    gather_abs<T>(x, pos, s, threads, out);                                                   \
   }                                                                                           \
   void gc_select_take_##SUFFIX(void* h, int64_t* idx, int32_t* idx32, T* val) {              \
     select_take<T>(h, idx, idx32, val);                                                       \

@@ -1,0 +1,125 @@
+"""The native kernels added for issue 7's second round: the fused statistics + pool pass
+(SIDCo's pools), the sample gather (DGC/DRAGONN), and the float32 comparison paths.
+
+Each is checked against what it replaces, bit for bit, on inputs large enough for two
+threads (MIN_PER_THREAD elements per thread), at sizes that leave ragged tails, and with
+thresholds that put elements exactly on the boundary."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compressors
+from compressors import Session, _native, drive
+
+needs_native = pytest.mark.skipif(not _native.available(),
+                                  reason=f"native kernels unavailable: {_native.error()}")
+
+# 1 thread, 2 threads with a ragged last block, 3+ threads
+SIZES = [1, 13, 1000, 2 * _native.MIN_PER_THREAD + 37, 4 * _native.MIN_PER_THREAD + 5]
+
+
+def _laplace(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+    return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(dtype)
+
+
+def _with_threads(n: int, fn):
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)
+
+
+@needs_native
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("quantile", [0.0, 0.5, 0.9375, 0.999])
+def test_pool_equals_select_and_stats(n, dense, quantile):
+    x = _laplace(n, seed=n)
+    # A threshold equal to one of the magnitudes: that element must be left out (strict).
+    t = float(x.abs().kthvalue(max(1, int(quantile * n))).values)
+    st, idx, val = _native.pool(x, t, above=t / 2, shift=t / 2, squares=True, extremes=True,
+                                dense=dense)
+    ref_idx, ref_val = _native.select(x, t, strict=True, values=True)
+    assert torch.equal(idx, ref_idx)
+    assert torch.equal(val, ref_val)
+    assert torch.equal(idx, torch.nonzero(x.abs() > t).squeeze(1))
+    assert st == _native.stats(x, above=t / 2, shift=t / 2, squares=True, extremes=True)
+    # Without `above` no statistics are computed and the pool is the same.
+    none, idx2, _ = _native.pool(x, t, dense=dense)
+    assert none is None and torch.equal(idx2, idx)
+
+
+@needs_native
+@pytest.mark.parametrize("dense", [False, True])
+def test_pool_does_not_depend_on_the_thread_count(dense):
+    x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=3)
+    t = float(x.abs().quantile(0.9))
+    runs = [_with_threads(k, lambda: _native.pool(x, t, above=t / 3, shift=t / 3,
+                                                  squares=True, dense=dense))
+            for k in (1, 2, 3)]
+    for st, idx, val in runs[1:]:
+        assert st == runs[0][0]
+        assert torch.equal(idx, runs[0][1]) and torch.equal(val, runs[0][2])
+
+
+@needs_native
+def test_pool_refuses_float64():
+    with pytest.raises(TypeError, match="float32"):
+        _native.pool(torch.zeros(10, dtype=torch.float64), 0.5)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 1000, 300_001])
+def test_gather_abs_equals_index_select(dtype, n):
+    x = _laplace(n, seed=1, dtype=dtype)
+    for s in (0, 1, 17, 70_000):
+        pos = torch.randint(0, n, (s,), generator=torch.Generator().manual_seed(s))
+        got = _native.gather_abs(x, pos)
+        assert got.dtype == dtype
+        assert torch.equal(got, x.index_select(0, pos).abs())
+
+
+@needs_native
+def test_float32_comparisons_at_the_threshold():
+    # Magnitudes on a coarse grid: thousands of elements sit exactly at each threshold,
+    # in every lane position of the 8- and 16-element groups, with both signs.
+    n = 2 * _native.MIN_PER_THREAD + 29
+    g = torch.Generator().manual_seed(2)
+    x = torch.randint(-6, 7, (n,), generator=g).to(torch.float32) * 0.125
+    x[::97] = -0.0
+    for t in (0.0, 0.125, 0.375, 0.75, 1.0):
+        a = x.abs()
+        assert _native.count(x, t) == int((a >= t).sum())
+        assert _native.count(x, t, strict=True) == int((a > t).sum())
+        assert torch.equal(_native.select(x, t)[0], torch.nonzero(a >= t).squeeze(1))
+        assert torch.equal(_native.select(x, t, strict=True)[0], torch.nonzero(a > t).squeeze(1))
+
+
+def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
+    session = Session(compressors.build(name, ratio=ratio), world_size=1, feedback="none",
+                      seed=11, measure=False)
+    return [drive([session.exchange("g", g, step)])[0] for step, g in enumerate(grads)]
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p", "dgc", "dragonn"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01])
+def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, name, ratio):
+    # Large enough for two threads in every pass (the pools of the first SIDCo stages are
+    # compacted branch-free: δ₁·δ₂ > 2%), over several steps with their own data.
+    grads = [_laplace(3 * _native.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
+    fast = _with_threads(2, lambda: _run(name, grads, ratio))
+    with monkeypatch.context() as m:
+        m.setenv("GRADCOMP_NATIVE", "0")
+        slow = _run(name, grads, ratio)
+    for f, s in zip(fast, slow):
+        assert f.sent.indices.numel() > 0
+        assert torch.equal(f.sent.indices, s.sent.indices)
+        assert torch.equal(f.sent.values, s.sent.values)
