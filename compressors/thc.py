@@ -38,6 +38,7 @@ knows what the PS received (a real PS sends its count in the packet header).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from compressors import _native
+from compressors._native import thc_native
 from compressors.base import Compressor, Context, DenseSent, Outcome, Pattern, Protocol
 from compressors.registry import register
 from compressors.requests import AllGather, AllReduce, Broadcast
@@ -97,13 +99,84 @@ def fwht_(x: torch.Tensor, normalize: bool = True) -> torch.Tensor:
     return x
 
 
+# ---------------------------------------------------------------------------------------
+# The counter-based random stream (stochastic-rounding noise and RHT signs).
+#
+# Element i of the stream keyed by a 64-bit seed (k0 its low, k1 its high 32-bit word) is
+#     h(i) = mix(mix(lo32(i) ^ k0) ^ k1 ^ hi32(i)),
+# mix: the "lowbias32" integer finaliser (x ^= x >> 16; x *= 0x21f0aaad; x ^= x >> 15;
+# x *= 0x735a2d97; x ^= x >> 15; constants from C. Wellons' hash prospector, bias 0.107),
+# a bijection of 32-bit words with full avalanche; two keyed rounds (as in "triple32").
+# The rounding noise is u_i = (h(i) >> 8)·2^-24 (24 random bits, exact in float32, in
+# [0, 1)); the Rademacher sign s_i is −1 when the top bit of h(i) is set.
+# Why this is enough here: stochastic rounding only needs each u_i uniform and
+# independent of the value it rounds (unbiasedness: P(u < frac) = frac up to 2^-24), and
+# the RHT only needs the signs balanced and unpredictable from the data; tests/
+# test_thc_rng.py checks uniformity (mean, binned chi-square, KS), balance and the
+# absence of correlation between neighbours, between seeds and between the two streams,
+# and shows that the same checks reject a weak hash. A counter-based stream can be
+# generated inside the fused native passes (thc_kernels.cpp: no 2^25-element noise or
+# sign buffer, no torch.rand) and recomputed anywhere from (seed, i): the native and the
+# torch code below give the same bits, so the same indices.
+# ---------------------------------------------------------------------------------------
+
+_MASK32 = 0xFFFFFFFF
+_HASH_MUL1 = 0x21F0AAAD  # both < 2^31: the int64 products below never overflow
+_HASH_MUL2 = 0x735A2D97
+
+
+def seed_words(seed: int) -> tuple[int, int]:
+    """A 64-bit seed as its (low, high) 32-bit words: the hash's keys."""
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return seed & _MASK32, seed >> 32
+
+
+def draw_seed(generator: torch.Generator) -> int:
+    """One 64-bit stream seed from a torch generator (two 32-bit draws)."""
+    lo, hi = torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64,
+                           device=generator.device).tolist()
+    return (hi << 32) | lo
+
+
+def _mix32_(h: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on 32-bit words held in int64, in place."""
+    h.bitwise_xor_(h >> 16).mul_(_HASH_MUL1).bitwise_and_(_MASK32)
+    h.bitwise_xor_(h >> 15).mul_(_HASH_MUL2).bitwise_and_(_MASK32)
+    return h.bitwise_xor_(h >> 15)
+
+
+def counter_hash(index: torch.Tensor, seed: int) -> torch.Tensor:
+    """h(i) of the stream keyed by `seed` for non-negative integer indices (int64 result
+    in [0, 2^32)); the torch twin of thc_kernels.cpp counter_hash."""
+    k0, k1 = seed_words(seed)
+    index = index.long()
+    h = _mix32_(torch.bitwise_and(index, _MASK32).bitwise_xor_(k0))
+    return _mix32_(h.bitwise_xor_((index >> 32).bitwise_xor_(k1)))
+
+
+def _native_stream(device) -> bool:
+    return torch.device(device).type == "cpu" and thc_native.available()
+
+
+def _hash_range(numel: int, seed: int, device) -> torch.Tensor:
+    return counter_hash(torch.arange(numel, dtype=torch.int64, device=device), seed)
+
+
+def hash_noise(numel: int, seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """u_0 … u_{numel−1} of the stream keyed by `seed` (float32 in [0, 1))."""
+    if _native_stream(device):
+        return thc_native.rng_fill(numel, seed, thc_native.NOISE)
+    h = _hash_range(numel, seed, device)
+    return (h >> 8).to(torch.float32).mul_(2.0**-24)
+
+
 def rademacher(numel: int, seed: int, device: torch.device | str) -> torch.Tensor:
-    """±1 (float32) from `seed`: the RHT diagonal every rank draws identically."""
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed & ((1 << 63) - 1))
-    # rand < 1/2 rather than bernoulli_: the same law, about 4x faster on CPU.
-    signs = torch.rand(numel, generator=gen, device=device).lt_(0.5)
-    return signs.mul_(2).sub_(1)
+    """±1 (float32) from `seed`: the RHT diagonal every rank computes identically
+    (s_i = −1 where the top bit of h(i) is set)."""
+    if _native_stream(device):
+        return thc_native.rng_fill(numel, seed, thc_native.SIGNS)
+    h = _hash_range(numel, seed, device)
+    return (h >> 31).to(torch.float32).mul_(-2).add_(1)
 
 
 def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
@@ -156,14 +229,19 @@ def uniform_encode(
     x: torch.Tensor, lo: float, hi: float, bits: int, generator: torch.Generator
 ) -> torch.Tensor:
     """Homomorphic USQ (Definition 4.1): stochastic rounding of x onto the 2^b uniform
-    levels of [lo, hi] shared by all workers; the level indices (uint8)."""
+    levels of [lo, hi] shared by all workers; the level indices (uint8). The noise is the
+    counter-hash stream (over x's flattened positions) of one seed drawn from
+    `generator`; contiguous CPU float32 takes one fused native pass, the same bits."""
     levels = 2**bits - 1
     step = (hi - lo) / levels
     x = x.to(torch.float32)
     if not float(torch.tensor(step, dtype=torch.float32)) > 0:  # constant: all at lo
         return torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    seed = draw_seed(generator)
+    if _native.supports(x):
+        return thc_native.uniform_encode(x, lo, step, levels, seed)
     u = torch.sub(x, lo).div_(step).clamp_(0, levels)
-    noise = torch.rand(x.shape, generator=generator, device=x.device)
+    noise = hash_noise(x.numel(), seed, x.device).view(x.shape)
     return u.add_(noise).floor_().clamp_(max=levels).to(torch.uint8)
 
 
@@ -186,48 +264,76 @@ def interval_lut(table: torch.Tensor) -> torch.Tensor:
 def table_encode(
     grid_values: torch.Tensor,
     table: torch.Tensor,
-    generator: torch.Generator,
+    generator: torch.Generator | None = None,
     lut: torch.Tensor | None = None,
+    seed: int | None = None,
 ) -> torch.Tensor:
     """Stochastic quantisation of values in [0, g] onto the (float) table values, to the
     two neighbouring values with the probabilities that make it unbiased: E[T[z]] = v.
-    Overwrites `grid_values`; returns the indices z (int32). `lut`: interval_lut(table),
-    if the caller caches it. (A lookup on ⌊v⌋: about 10x cheaper than the binary search
-    of torch.searchsorted for 2^20 values on CPU.)"""
+    Overwrites `grid_values` (1-D); returns the indices z (int32). The noise is the
+    counter-hash stream keyed by `seed` (default: one seed drawn from `generator`).
+    `lut`: interval_lut(table), if the caller caches it. (A lookup on ⌊v⌋: about 10x
+    cheaper than the binary search of torch.searchsorted for 2^20 values on CPU.)"""
+    if seed is None:
+        if generator is None:
+            raise ValueError("table_encode needs a generator or a seed for its noise")
+        seed = draw_seed(generator)
     if lut is None:
         lut = interval_lut(table)
     j = lut.index_select(0, grid_values.to(torch.int32))
     gaps = table[1:] - table[:-1]
     frac = grid_values.sub_(table.index_select(0, j)).div_(gaps.index_select(0, j))
-    noise = torch.rand(grid_values.shape, generator=generator, device=grid_values.device)
+    noise = hash_noise(grid_values.numel(), seed, grid_values.device)
     return j.add_(noise < frac)
 
 
 @dataclass
 class RotatedGrid:
-    """What all workers share in one THC step: the RHT signs, the max norm ℓ and the
-    quantisation grid; encodes a worker's vector and decodes summed table values."""
+    """What all workers share in one THC step: the RHT's sign seed (the signs are the
+    counter-hash stream of `seed`, identical on every rank), the max norm ℓ and the
+    quantisation grid; encodes a worker's vector and decodes summed table values.
+    On the native path the signs are computed inside the fused passes and never stored;
+    the torch path materialises them once (`signs`)."""
 
     numel: int
     padded: int
     max_norm: float
     t_p: float
     granularity: int
-    signs: torch.Tensor
+    seed: int
 
     @classmethod
     def make(
-        cls, numel: int, max_norm: float, p: float, granularity: int, seed: int, device
+        cls, numel: int, max_norm: float, p: float, granularity: int, seed: int, device=None
     ) -> RotatedGrid:
+        # `device` is accepted for compatibility: the signs are computed where needed.
         padded = next_power_of_two(numel)
-        signs = rademacher(padded, seed, device)
-        return cls(numel, padded, float(max_norm), threshold(p), granularity, signs)
+        return cls(numel, padded, float(max_norm), threshold(p), granularity, int(seed))
+
+    @functools.cached_property
+    def _signs_by_device(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def signs(self, device: torch.device | str = "cpu") -> torch.Tensor:
+        """The Rademacher diagonal D (padded length, float32 ±1) on `device`, cached."""
+        key = str(torch.device(device))
+        cache = self._signs_by_device
+        if key not in cache:
+            cache[key] = rademacher(self.padded, self.seed, device)
+        return cache[key]
 
     def rotate(self, x: torch.Tensor) -> torch.Tensor:
-        """√d'/ℓ · H·D·x (zero-padded, float32): coordinates ≈ N(0, 1)."""
-        buf = torch.zeros(self.padded, dtype=torch.float32, device=x.device)
-        torch.div(x.to(torch.float32), self.max_norm, out=buf[: self.numel])
-        buf.mul_(self.signs)
+        """√d'/ℓ · H·D·x (zero-padded, float32): coordinates ≈ N(0, 1). The copy into the
+        padded buffer applies 1/ℓ and the signs in one pass (native) or two (torch):
+        (x / ℓ)·s_i on the first numel coordinates, zeros after."""
+        x = x.reshape(-1).to(torch.float32)
+        if _native.supports(x):
+            buf = thc_native.rotate_input(x, self.padded, self.max_norm, self.seed)
+        else:
+            buf = torch.zeros(self.padded, dtype=torch.float32, device=x.device)
+            head = buf[: self.numel]
+            torch.div(x, self.max_norm, out=head)
+            head.mul_(self.signs(x.device)[: self.numel])
         # The unnormalised transform is the orthonormal one times √d': exactly the scale.
         return fwht_(buf, normalize=False)
 
@@ -239,22 +345,48 @@ class RotatedGrid:
         count_clamped: bool = False,
         lut: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, int | None]:
-        """Table indices (int32, padded length) of x, and (if asked: an extra pass) how
-        many coordinates were clamped."""
+        """Table indices (int32, padded length) of x, and (if asked) how many
+        coordinates were clamped. One noise seed is drawn from `generator`."""
+        z, _, clamped = self.encode_values(x, table, generator, count_clamped=count_clamped,
+                                           lut=lut)
+        return z, clamped
+
+    def encode_values(
+        self,
+        x: torch.Tensor,
+        table: torch.Tensor,
+        generator: torch.Generator,
+        table_values: torch.Tensor | None = None,
+        indices: bool = True,
+        count_clamped: bool = False,
+        lut: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, int | None]:
+        """THC's encoding of x: rotate (pad, signs, FWHT, scale), clamp, stochastic
+        rounding onto the float `table` with the noise of one seed drawn from `generator`.
+        Returns (z: int32 indices or None when not `indices`; T[z] from `table_values`
+        (the table in the sum's integer dtype) or None; the clamped count or None).
+        Contiguous CPU float32 with the native library: one fused pass after the FWHT
+        that generates the noise itself and writes only what is asked for; the same
+        bits as the torch path."""
+        seed = draw_seed(generator)
         rotated = self.rotate(x)
-        clamped = int((rotated.abs() > self.t_p).sum()) if count_clamped else None
-        if _native.supports(rotated) and rotated.dtype == torch.float32 and (
-                table.dtype == torch.float32 and table.device.type == "cpu"):
-            # One fused pass; the same noise draw and float32 operations: the same z.
+        if _native.supports(rotated) and (
+                table.dtype == torch.float32 and table.device.type == "cpu"
+                and (table_values is None or table_values.dtype in thc_native.VALUE_BYTES)):
             if lut is None:
                 lut = interval_lut(table)
-            noise = torch.rand(rotated.shape, generator=generator, device=rotated.device)
             gaps = (table[1:] - table[:-1]).contiguous()
-            return _native.thc_encode(rotated, noise, self.t_p, self.granularity,
-                                      table.contiguous(), gaps, lut.contiguous()), clamped
+            z, values, clamped = thc_native.encode(
+                rotated, self.t_p, self.granularity, table.contiguous(), gaps,
+                lut.contiguous(), seed, indices=indices,
+                value_dtype=None if table_values is None else table_values.dtype)
+            return z, values, (clamped if count_clamped else None)
+        clamped = int((rotated.abs() > self.t_p).sum()) if count_clamped else None
         grid_values = rotated.clamp_(-self.t_p, self.t_p).add_(self.t_p)
         grid_values.mul_(self.granularity / (2 * self.t_p)).clamp_(0, self.granularity)
-        return table_encode(grid_values, table, generator, lut), clamped
+        z = table_encode(grid_values, table, lut=lut, seed=seed)
+        values = None if table_values is None else table_values.index_select(0, z)
+        return (z if indices else None), values, clamped
 
     def decode(
         self,
@@ -275,8 +407,13 @@ class RotatedGrid:
         out = _affine(value_sum, scale, offset, count, divisor, chunk_size)
         if zero_chunks is not None:
             _per_chunk(out, chunk_size, (~zero_chunks).to(out.dtype), "mul")
-        fwht_(out, normalize=False).mul_(self.signs)
-        return out[: self.numel]
+        fwht_(out, normalize=False)
+        head = out[: self.numel]  # D⁻¹ = D, only where the result is kept
+        if _native.supports(out) and out.dtype == torch.float32:
+            thc_native.apply_signs_(out, self.numel, self.seed)
+        else:
+            head.mul_(self.signs(out.device)[: self.numel])
+        return head
 
 
 def _affine(
@@ -312,6 +449,18 @@ def _per_chunk(t: torch.Tensor, chunk: int, per_chunk: torch.Tensor, op: str) ->
 # ---------------------------------------------------------------------------------------
 # The shared integer-sum machinery (allreduce or parameter server).
 # ---------------------------------------------------------------------------------------
+
+
+def _norm(acc: torch.Tensor) -> torch.Tensor:
+    """||acc||₂ as a 1-element float64 tensor (no overflow of the norm). Contiguous CPU
+    float32/float64: one native read pass (Σx² in double over fixed blocks, independent
+    of the thread count); otherwise torch's float64 vector_norm. The two may differ in
+    the last bits of the double; every rank uses the same path, and the allreduced max
+    is what all ranks scale by."""
+    if _native.supports(acc):
+        return torch.tensor([math.sqrt(_native.stats(acc, squares=True).sumsq)],
+                            dtype=torch.float64)
+    return torch.linalg.vector_norm(acc, dtype=torch.float64).reshape(1)
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -415,16 +564,17 @@ class _IntegerSum(Compressor):
 
     def _aggregate(
         self,
-        indices: torch.Tensor,
+        indices: torch.Tensor | None,
         mine: torch.Tensor,
         values: torch.Tensor | None,
         dtype: torch.dtype,
         ctx: Context,
     ) -> Protocol:
         """Sum every worker's table values T[z] (identity table when `values` is None).
-        `indices`: this worker's b-bit indices z (1-D); `mine`: its values T[z] (dtype)."""
+        `indices`: this worker's b-bit indices z (1-D; needed by the parameter server
+        only); `mine`: its values T[z] (dtype)."""
         n = ctx.world_size
-        numel = indices.numel()
+        numel = mine.numel()
         if self.aggregation == "allreduce":
             # A copy: the allreduce overwrites its tensor, and `mine` decodes `sent`.
             total = yield AllReduce(mine.clone())
@@ -456,12 +606,12 @@ class _IntegerSum(Compressor):
                 _per_chunk(contributions, self.chunk_size, mask, "mul")
             total = contributions.sum(0, dtype=dtype)
         else:
-            total = torch.empty(numel, dtype=dtype, device=indices.device)
+            total = torch.empty(numel, dtype=dtype, device=mine.device)
         total = yield Broadcast(total, src=0)
         count: float | torch.Tensor = float(received)
         if lossy_up:
-            count = keep.sum(0).to(indices.device)
-        lost_down = lost[1, ctx.rank].to(indices.device) if lossy_down else None
+            count = keep.sum(0).to(mine.device)
+        lost_down = lost[1, ctx.rank].to(mine.device) if lossy_down else None
         return _Received(total, count, received, lost_down, received, lost_up_chunks)
 
     def _extra(self, got: _Received, dtype: torch.dtype, payload: int) -> dict:
@@ -636,7 +786,7 @@ class THC(_IntegerSum):
         dtype = self._check_workers(ctx.world_size)
         numel = acc.numel()
         # Preliminary round (Algorithm 3 lines 7-8). float64: no overflow of the norm.
-        norm = torch.linalg.vector_norm(acc, dtype=torch.float64).reshape(1)
+        norm = _norm(acc)
         max_norm = float((yield AllReduce(norm, op="max"))[0])
         padded = next_power_of_two(numel)
         if max_norm == 0.0:  # every worker's gradient is zero (the same decision on all ranks)
@@ -645,14 +795,14 @@ class THC(_IntegerSum):
                 sent=DenseSent(torch.zeros_like(acc)),
                 extra={"d_padded": padded},
             )
-        grid = RotatedGrid.make(
-            numel, max_norm, self.p, self.granularity, ctx.shared_seed, acc.device
-        )
+        grid = RotatedGrid.make(numel, max_norm, self.p, self.granularity, ctx.shared_seed)
         table_f, table_int, lut = self._table_tensors(acc.device, dtype)
-        indices, clamped = grid.encode(
-            acc, table_f, ctx.generator, count_clamped=ctx.measure, lut=lut
+        # Y_i = T[Z_i] (Algorithm 3 line 15) straight from the encoding pass; the indices
+        # themselves only travel to a parameter server.
+        indices, mine, clamped = grid.encode_values(
+            acc, table_f, ctx.generator, table_values=table_int,
+            indices=self.aggregation == "ps", count_clamped=ctx.measure, lut=lut,
         )
-        mine = table_int.index_select(0, indices)  # Y_i = T[Z_i], Algorithm 3 line 15
         got = yield from self._aggregate(indices, mine, table_int, dtype, ctx)
         aggregate = grid.decode(got.total, got.count, got.divisor, self.chunk_size, got.lost_down)
         sent = grid.decode(mine, 1, 1)  # RHT⁻¹(X_i): what error feedback subtracts (line 22)

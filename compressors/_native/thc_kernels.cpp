@@ -166,6 +166,235 @@ void thc_encode(const float* x, const float* noise, int64_t n, int threads, floa
   });
 }
 
+// ---------------------------------------------------------------------------------------
+// THC's counter-based random stream (compressors/thc.py counter_hash: the torch fallback
+// computes the same function with int64 tensor ops). Element i of the stream keyed by a
+// 64-bit seed (k0 = low word, k1 = high word) is
+//   h(i) = mix(mix(lo32(i) ^ k0) ^ k1 ^ hi32(i)),
+// mix = the "lowbias32" finaliser x ^= x>>16; x *= 0x21f0aaad; x ^= x>>15;
+// x *= 0x735a2d97; x ^= x>>15 (both multipliers < 2^31, so the torch version's int64
+// products never overflow). Derived variables: the rounding noise u = (h >> 8)·2^-24
+// (24 random bits, exact in float32, in [0, 1)) and the Rademacher sign −1 when the top
+// bit of h is set. Nothing here depends on the thread count or on how the range is split.
+// The loops run on 8 lanes of 32-bit words (vector extensions: AVX2 where the CPU has
+// it); every range starts at a multiple of BLOCK, so 8 consecutive indices share hi32(i).
+constexpr uint32_t HASH_MUL1 = 0x21f0aaadu;
+constexpr uint32_t HASH_MUL2 = 0x735a2d97u;
+typedef uint32_t v8u __attribute__((vector_size(32)));
+
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= HASH_MUL1;
+  x ^= x >> 15;
+  x *= HASH_MUL2;
+  x ^= x >> 15;
+  return x;
+}
+
+inline uint32_t counter_hash(uint64_t i, uint32_t k0, uint32_t k1) {
+  const uint32_t a = mix32(static_cast<uint32_t>(i) ^ k0);
+  return mix32(a ^ k1 ^ static_cast<uint32_t>(i >> 32));
+}
+
+inline v8u mix32(v8u x) {
+  x ^= x >> 16;
+  x *= HASH_MUL1;
+  x ^= x >> 15;
+  x *= HASH_MUL2;
+  x ^= x >> 15;
+  return x;
+}
+
+// h(i), ..., h(i + 7) for i a multiple of 8.
+inline v8u counter_hash8(uint64_t i, uint32_t k0, uint32_t k1) {
+  const v8u lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  const v8u lo = static_cast<uint32_t>(i) + lane;
+  return mix32(mix32(lo ^ k0) ^ (k1 ^ static_cast<uint32_t>(i >> 32)));
+}
+
+inline float hash_noise(uint32_t h) {  // (h >> 8)·2^-24, exact
+  return static_cast<float>(static_cast<int32_t>(h >> 8)) * 0x1p-24f;
+}
+inline v8f hash_noise(v8u h) {
+  return __builtin_convertvector((v8i)(h >> 8), v8f) * 0x1p-24f;
+}
+
+inline float flip(float v, uint32_t h) {  // v·(±1) by the sign bit: exactly v * s
+  uint32_t b;
+  std::memcpy(&b, &v, sizeof b);
+  b ^= h & 0x80000000u;
+  std::memcpy(&v, &b, sizeof v);
+  return v;
+}
+inline v8f flip(v8f v, v8u h) { return (v8f)((v8u)v ^ (h & 0x80000000u)); }
+
+// f(vector start i) on the multiples of 8 in [lo, hi), g(i) on the rest (lo % 8 == 0).
+template <typename F8, typename F1>
+inline void lanes8(int64_t lo, int64_t hi, F8&& f8, F1&& f1) {
+  int64_t i = lo;
+  for (; i + 8 <= hi; i += 8) f8(i);
+  for (; i < hi; ++i) f1(i);
+}
+
+// The stream itself, materialised (tests; signs on the CPU when someone asks for them):
+// kind 0: noise u_i, kind 1: signs ±1.0f, for i in [start, start + n); start % 8 == 0
+// is not required (the scalar path handles any start).
+void rng_fill(int64_t start, int64_t n, uint32_t k0, uint32_t k1, int kind, float* out,
+              int threads) {
+  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
+    const bool vec = start % 8 == 0;
+    for (int64_t i = lo; i < hi; ++i) {
+      if (vec && i % 8 == 0 && i + 8 <= hi) {
+        const v8u h = counter_hash8(static_cast<uint64_t>(start + i), k0, k1);
+        const v8f v = kind == 0 ? hash_noise(h) : flip(v8f{1, 1, 1, 1, 1, 1, 1, 1}, h);
+        vstore(out + i, v);
+        i += 7;
+        continue;
+      }
+      const uint32_t h = counter_hash(static_cast<uint64_t>(start + i), k0, k1);
+      out[i] = kind == 0 ? hash_noise(h) : flip(1.0f, h);
+    }
+  });
+}
+
+// The RHT's input in one pass: out[i] = (x[i] / norm)·s_i for i < n, 0 for n ≤ i < padded
+// (the torch path: torch.div(x, ℓ) into a zeroed buffer, then × signs on the first n).
+void thc_rotate_input(const float* x, int64_t n, int64_t padded, float norm, uint32_t k0,
+                      uint32_t k1, float* out, int threads) {
+  parallel_range((padded + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * BLOCK, hi = std::min(padded, b1 * BLOCK);
+    const int64_t mid = std::max(lo, std::min(hi, n));
+    lanes8(lo, mid,
+           [&](int64_t i) {
+             vstore(out + i, flip(load8(x + i) / norm, counter_hash8(i, k0, k1)));
+           },
+           [&](int64_t i) { out[i] = flip(x[i] / norm, counter_hash(i, k0, k1)); });
+    if (hi > mid) std::memset(out + mid, 0, static_cast<size_t>(hi - mid) * sizeof(float));
+  });
+}
+
+// In place x[i] ·= s_i for i < n (the decode's D after the inverse transform).
+void thc_apply_signs(float* x, int64_t n, uint32_t k0, uint32_t k1, int threads) {
+  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
+    lanes8(lo, hi,
+           [&](int64_t i) { vstore(x + i, flip(load8(x + i), counter_hash8(i, k0, k1))); },
+           [&](int64_t i) { x[i] = flip(x[i], counter_hash(i, k0, k1)); });
+  });
+}
+
+// thc_encode with the noise generated in the pass (u_i from the stream keyed by k0, k1)
+// instead of read from a tensor. Writes z (int32) and/or the table values T[z] as the
+// sum's integer type V, either may be null; returns #{|x| > t} (the clamped count).
+// Scalar element: the same float32 operations as the torch path (thc.py table_encode).
+// Tables of at most 16 values (b ≤ 4, THC's default) also run 8 lanes at a time, with the
+// interval found by comparisons instead of the lookups: the table holds integers and
+// lut = interval_lut(table), so lut[int(v)] = #{1 ≤ k ≤ K−2 : T[k] ≤ v} for v ≥ 0, and
+// T[j], T[j+1] − T[j] (exact integer differences) are the same floats: the same bits.
+template <typename V>
+inline void store_values(V* values, int64_t i, v8i val) {
+  if constexpr (sizeof(V) == 4) {
+    vstore(values + i, val);
+  } else {
+    for (int l = 0; l < 8; ++l) values[i + l] = static_cast<V>(val[l]);
+  }
+}
+
+template <typename V>
+int64_t thc_encode_hash(const float* x, int64_t n, int threads, float t, float s, float g,
+                        const float* table, int table_size, const float* gaps,
+                        const int32_t* lut, uint32_t k0, uint32_t k1, int32_t* z, V* values) {
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  std::vector<int64_t> clamped(static_cast<size_t>(blocks), 0);
+  const int K = table_size;
+  const bool vec = K >= 2 && K <= 16;
+  parallel_range(blocks, threads, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
+      int64_t count = 0;
+      auto one = [&](int64_t i) {
+        const float xi = x[i];
+        count += std::fabs(xi) > t;
+        float v = std::min(std::max(xi, -t), t);
+        v = v + t;
+        v = v * s;
+        v = std::min(std::max(v, 0.0f), g);
+        const int32_t j = lut[static_cast<int32_t>(v)];
+        const float frac = (v - table[j]) / gaps[j];
+        const int32_t zz = j + (hash_noise(counter_hash(i, k0, k1)) < frac ? 1 : 0);
+        if (z) z[i] = zz;
+        if (values) values[i] = static_cast<V>(table[zz]);
+      };
+      if (!vec) {
+        for (int64_t i = lo; i < hi; ++i) one(i);
+      } else {
+        const v8f tv = t - v8f{}, ntv = -t - v8f{}, sv = s - v8f{}, gv = g - v8f{};
+        const v8f zero = v8f{};
+        v8i cnt = v8i{};
+        lanes8(lo, hi, [&](int64_t i) {
+          const v8f xv = load8(x + i);
+          cnt -= (v8i)(vabs8(xv) > tv);
+          v8f v = xv < ntv ? ntv : xv;  // std::max(x, −t)
+          v = tv < v ? tv : v;          // std::min(·, t)
+          v = v + tv;
+          v = v * sv;
+          v = v < zero ? zero : v;
+          v = gv < v ? gv : v;
+          v8i j = v8i{};
+          v8f low = table[0] - v8f{}, up = table[1] - v8f{};
+          for (int k = 1; k <= K - 2; ++k) {
+            const v8i m = (v8i)(table[k] - v8f{} <= v);
+            j -= m;
+            low = m ? table[k] - v8f{} : low;
+            up = m ? table[k + 1] - v8f{} : up;
+          }
+          const v8f frac = (v - low) / (up - low);
+          const v8i take = (v8i)(hash_noise(counter_hash8(i, k0, k1)) < frac);
+          if (z) vstore(z + i, j - take);
+          if (values) store_values(values, i, __builtin_convertvector(take ? up : low, v8i));
+        }, one);
+        for (int l = 0; l < 8; ++l) count += cnt[l];
+      }
+      clamped[static_cast<size_t>(b)] = count;
+    }
+  });
+  int64_t total = 0;
+  for (int64_t c : clamped) total += c;
+  return total;
+}
+
+// THC's uniform (Algorithm 1) quantisation with the stream's noise, as the torch path
+// computes it: u = clamp((x − lo) / step, 0, L); level = min(floor(u + noise), L).
+void thc_uniform_encode(const float* x, int64_t n, int threads, float lo, float step,
+                        float levels, uint32_t k0, uint32_t k1, uint8_t* out) {
+  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t a = b0 * BLOCK, b = std::min(n, b1 * BLOCK);
+    const v8f lov = lo - v8f{}, stepv = step - v8f{}, lev = levels - v8f{}, zero = v8f{};
+    lanes8(a, b,
+           [&](int64_t i) {
+             v8f u = (load8(x + i) - lov) / stepv;
+             u = u < zero ? zero : u;
+             u = lev < u ? lev : u;
+             u = u + hash_noise(counter_hash8(i, k0, k1));
+             // floor of a non-negative float below 2^24: truncation, then the min
+             v8i f = __builtin_convertvector(u, v8i);
+             u = __builtin_convertvector(f, v8f);
+             u = lev < u ? lev : u;
+             const v8i q = __builtin_convertvector(u, v8i);
+             for (int l = 0; l < 8; ++l) out[i + l] = static_cast<uint8_t>(q[l]);
+           },
+           [&](int64_t i) {
+             float u = (x[i] - lo) / step;
+             u = std::min(std::max(u, 0.0f), levels);
+             u = u + hash_noise(counter_hash(i, k0, k1));
+             u = std::floor(u);
+             u = std::min(u, levels);
+             out[i] = static_cast<uint8_t>(u);
+           });
+  });
+}
+
 }  // namespace
 
 extern "C" {
@@ -178,5 +407,40 @@ void gc_thc_encode_f32(const float* x, const float* noise, int64_t n, int thread
 
 void gc_fwht_f32(float* x, int64_t rows, int64_t d, int threads) { fwht<float>(x, rows, d, threads); }
 void gc_fwht_f64(double* x, int64_t rows, int64_t d, int threads) { fwht<double>(x, rows, d, threads); }
+
+// Counter-hash stream (compressors/_native/thc_native.py declares these).
+void gc_thc_rng_fill(int64_t start, int64_t n, uint32_t k0, uint32_t k1, int kind, float* out,
+                     int threads) {
+  rng_fill(start, n, k0, k1, kind, out, threads);
+}
+void gc_thc_rotate_input_f32(const float* x, int64_t n, int64_t padded, float norm, uint32_t k0,
+                             uint32_t k1, float* out, int threads) {
+  thc_rotate_input(x, n, padded, norm, k0, k1, out, threads);
+}
+void gc_thc_apply_signs_f32(float* x, int64_t n, uint32_t k0, uint32_t k1, int threads) {
+  thc_apply_signs(x, n, k0, k1, threads);
+}
+// value_bytes: 0 (no values), 1 (uint8), 4 (int32), 8 (int64).
+// table_size values in `table` (integers, increasing), gaps[j] = table[j+1] − table[j],
+// lut = interval_lut(table). value_bytes: 0 (no values), 1 (uint8), 4 (int32), 8 (int64).
+int64_t gc_thc_encode_hash_f32(const float* x, int64_t n, int threads, float t, float s, float g,
+                               const float* table, int table_size, const float* gaps,
+                               const int32_t* lut, uint32_t k0, uint32_t k1, int32_t* z,
+                               void* values, int value_bytes) {
+  switch (value_bytes) {
+    case 1: return thc_encode_hash(x, n, threads, t, s, g, table, table_size, gaps, lut, k0,
+                                   k1, z, static_cast<uint8_t*>(values));
+    case 4: return thc_encode_hash(x, n, threads, t, s, g, table, table_size, gaps, lut, k0,
+                                   k1, z, static_cast<int32_t*>(values));
+    case 8: return thc_encode_hash(x, n, threads, t, s, g, table, table_size, gaps, lut, k0,
+                                   k1, z, static_cast<int64_t*>(values));
+    default: return thc_encode_hash<uint8_t>(x, n, threads, t, s, g, table, table_size, gaps,
+                                             lut, k0, k1, z, nullptr);
+  }
+}
+void gc_thc_uniform_encode_f32(const float* x, int64_t n, int threads, float lo, float step,
+                               float levels, uint32_t k0, uint32_t k1, uint8_t* out) {
+  thc_uniform_encode(x, n, threads, lo, step, levels, k0, k1, out);
+}
 
 }  // extern "C"

@@ -1,0 +1,128 @@
+"""ctypes wrappers of THC's counter-hash kernels (thc_kernels.cpp): the random stream
+(stochastic-rounding noise, RHT signs) generated inside the fused passes instead of read
+from torch.rand buffers. compressors/thc.py computes the same stream with torch ops when
+the library is unavailable (GRADCOMP_NATIVE=0, GPU tensors, no compiler); tests check
+that both give the same bits.
+
+Everything takes contiguous CPU float32 tensors; call `available()` first. Seeds are
+64-bit integers, passed as two 32-bit words (low, high)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from compressors._native import MIN_PER_THREAD, load
+
+_P = ctypes.c_void_p
+_I64 = ctypes.c_int64
+_U32 = ctypes.c_uint32
+_F = ctypes.c_float
+_INT = ctypes.c_int
+_declared: set[int] = set()
+
+_SIGNATURES = {
+    "gc_thc_rng_fill": ([_I64, _I64, _U32, _U32, _INT, _P, _INT], None),
+    "gc_thc_rotate_input_f32": ([_P, _I64, _I64, _F, _U32, _U32, _P, _INT], None),
+    "gc_thc_apply_signs_f32": ([_P, _I64, _U32, _U32, _INT], None),
+    "gc_thc_encode_hash_f32": ([_P, _I64, _INT, _F, _F, _F, _P, _INT, _P, _P, _U32, _U32, _P,
+                                _P, _INT], _I64),
+    "gc_thc_uniform_encode_f32": ([_P, _I64, _INT, _F, _F, _F, _U32, _U32, _P], None),
+}
+VALUE_BYTES = {torch.uint8: 1, torch.int32: 4, torch.int64: 8}
+NOISE, SIGNS = 0, 1
+
+
+def _lib() -> ctypes.CDLL:
+    lib = load()
+    if lib is None:
+        raise RuntimeError("native kernels unavailable; check thc_native.available() first")
+    if id(lib) not in _declared:
+        for name, (args, res) in _SIGNATURES.items():
+            f = getattr(lib, name)
+            f.argtypes = args
+            f.restype = res
+        _declared.add(id(lib))
+    return lib
+
+
+def available() -> bool:
+    """Whether the library is loaded (and allowed by GRADCOMP_NATIVE)."""
+    return load() is not None
+
+
+def threads(n: int) -> int:
+    return max(1, min(torch.get_num_threads(), n // MIN_PER_THREAD))
+
+
+def words(seed: int) -> tuple[int, int]:
+    seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+    return seed & 0xFFFFFFFF, seed >> 32
+
+
+def _empty(n: int, dtype: torch.dtype) -> torch.Tensor:
+    from compressors._native import empty  # huge-page advice for large fresh buffers
+
+    return empty(n, dtype)
+
+
+def rng_fill(n: int, seed: int, kind: int, start: int = 0) -> torch.Tensor:
+    """Elements [start, start + n) of the stream keyed by `seed`: NOISE (u in [0, 1)) or
+    SIGNS (±1.0), float32."""
+    out = _empty(n, torch.float32)
+    if n:
+        k0, k1 = words(seed)
+        _lib().gc_thc_rng_fill(start, n, k0, k1, kind, out.data_ptr(), threads(n))
+    return out
+
+
+def rotate_input(x: torch.Tensor, padded: int, norm: float, seed: int) -> torch.Tensor:
+    """A fresh float32 buffer of `padded` elements: (x / norm)·s_i on the first x.numel(),
+    zeros after (x contiguous CPU float32)."""
+    n = x.numel()
+    out = _empty(padded, torch.float32)
+    k0, k1 = words(seed)
+    _lib().gc_thc_rotate_input_f32(x.data_ptr(), n, padded, float(norm), k0, k1,
+                                   out.data_ptr(), threads(padded))
+    return out
+
+
+def apply_signs_(x: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
+    """In place: x[i] ·= s_i for i < numel (x contiguous CPU float32)."""
+    k0, k1 = words(seed)
+    _lib().gc_thc_apply_signs_f32(x.data_ptr(), numel, k0, k1, threads(numel))
+    return x
+
+
+def encode(rotated: torch.Tensor, t_p: float, granularity: int, table: torch.Tensor,
+           gaps: torch.Tensor, lut: torch.Tensor, seed: int, indices: bool = True,
+           value_dtype: torch.dtype | None = None,
+           ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """THC's grid quantisation in one pass with the noise of the stream keyed by `seed`:
+    (z int32 or None, T[z] as value_dtype or None, #{|rotated| > t_p}). `table`: the
+    float32 table (integers, increasing), `gaps` its differences, `lut` its
+    interval_lut (int32), all contiguous CPU."""
+    n = rotated.numel()
+    z = torch.empty(n, dtype=torch.int32) if indices else None
+    values = _empty(n, value_dtype) if value_dtype is not None else None
+    k0, k1 = words(seed)
+    clamped = _lib().gc_thc_encode_hash_f32(
+        rotated.data_ptr(), n, threads(n), float(t_p), float(granularity / (2 * t_p)),
+        float(granularity), table.data_ptr(), table.numel(), gaps.data_ptr(), lut.data_ptr(),
+        k0, k1,
+        None if z is None else z.data_ptr(), None if values is None else values.data_ptr(),
+        0 if values is None else VALUE_BYTES[value_dtype])
+    return z, values, int(clamped)
+
+
+def uniform_encode(x: torch.Tensor, lo: float, step: float, levels: int,
+                   seed: int) -> torch.Tensor:
+    """Uniform THC's levels (uint8) of contiguous CPU float32 x: stochastic rounding of
+    clamp((x − lo) / step, 0, levels) with the stream's noise."""
+    n = x.numel()
+    out = torch.empty(x.shape, dtype=torch.uint8)
+    k0, k1 = words(seed)
+    _lib().gc_thc_uniform_encode_f32(x.data_ptr(), n, threads(n), float(lo), float(step),
+                                     float(levels), k0, k1, out.data_ptr())
+    return out
