@@ -110,11 +110,14 @@ class Session:
         step: int,
         layout: tuple[Segment, ...] | None = None,
         writable: bool = False,
+        finite_checked: bool = False,
     ) -> Generator[Any, Any, Outcome]:
         """Run one step for one tensor. Yields the compressor's requests unchanged and
         returns its Outcome with bytes and timings filled in. `writable=True` lets the
-        protocol overwrite `grad` (a DDP bucket buffer without error feedback)."""
-        validate_gradient(name, grad, self.check_finite)
+        protocol overwrite `grad` (a DDP bucket buffer without error feedback).
+        `finite_checked=True`: the caller has already found `grad` finite (for example by
+        one check of the whole DDP bucket it lives in), so the per-tensor check is skipped."""
+        validate_gradient(name, grad, self.check_finite and not finite_checked)
         flat = grad.reshape(-1)
         if layout is None:
             layout = (Segment(name, 0, flat.numel(), tuple(grad.shape)),)

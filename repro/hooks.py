@@ -114,16 +114,24 @@ class WorkerCompression:
             return False
         return self.selector is None or self.selector.should_compress(numel)
 
-    def layerwise(self, named: list[tuple[str, torch.Tensor]], step: int):
+    def layerwise(self, named: list[tuple[str, torch.Tensor]], step: int,
+                  buffer: torch.Tensor | None = None):
         """(protocol, finish) for per-tensor compression of `named` gradients; the
-        protocol returns outcomes, finish(outcomes) writes the averages back in place."""
+        protocol returns outcomes, finish(outcomes) writes the averages back in place.
+        `buffer`: the flat tensor the gradients are views of (a DDP bucket); when given,
+        finiteness is checked once on it, and per tensor only if it fails (to name the
+        tensor in the error)."""
+        checked = (self.check_finite and buffer is not None
+                   and bool(torch.isfinite(buffer).all()))
         gens, flags = [], []
         for name, g in named:
             if self.compress_tensor(g.numel()):
-                gens.append(self.session_for(name).exchange(name, g, step))
+                gens.append(self.session_for(name).exchange(name, g, step,
+                                                            finite_checked=checked))
                 flags.append(True)
             else:
-                gens.append(self.dense.exchange(name, g, step, writable=True))
+                gens.append(self.dense.exchange(name, g, step, writable=True,
+                                                finite_checked=checked))
                 flags.append(False)
         targets = [g for _, g in named]
         names = [n for n, _ in named]
@@ -266,7 +274,8 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
             offset += g.numel()
         job, finish = state.whole(buffer, tuple(layout), step)
     else:
-        job, finish = state.layerwise([(state.name_of(p), g) for p, g in zip(params, grads)], step)
+        job, finish = state.layerwise([(state.name_of(p), g) for p, g in zip(params, grads)], step,
+                                      buffer=buffer)
 
     def done(f: torch.futures.Future) -> torch.Tensor:
         finish(f.value())
