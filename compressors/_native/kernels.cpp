@@ -103,12 +103,61 @@ inline void block_count_sum_f32(const float* x, int64_t n, float above, double s
   p.sumsq = 0; p.max = -1; p.min = INFINITY; p.nonzero = 0;
 }
 
+// float32, every element: |x| taken and max/min/nonzeros found in float32 lanes (exact),
+// only the sums widened; lanes 0-3 and 4-7 of each group of 8 go to the same two
+// accumulators as in the general loop, so the sums are the same bit for bit.
+template <bool SQ, bool EXT>
+void block_all_f32(const float* x, int64_t n, double shift, Partial& p) {
+  const v4d sh = {shift, shift, shift, shift};
+  v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;
+  const v8f zero = {0, 0, 0, 0, 0, 0, 0, 0};
+  v8f mx = zero - 1, mn = zero + INFINITY;
+  v8i nz = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const v8f a = vabs8(load8(x + i));
+    const v4d y0 = __builtin_convertvector(__builtin_shufflevector(a, a, 0, 1, 2, 3), v4d) - sh;
+    const v4d y1 = __builtin_convertvector(__builtin_shufflevector(a, a, 4, 5, 6, 7), v4d) - sh;
+    s0 += y0;
+    s1 += y1;
+    if (SQ) {
+      q0 += y0 * y0;
+      q1 += y1 * y1;
+    }
+    if (EXT) {
+      mx = a > mx ? a : mx;
+      mn = a < mn ? a : mn;
+      nz -= a > zero;
+    }
+  }
+  double s = hsum(s0 + s1), q = hsum(q0 + q1), mxs = -1, mns = INFINITY;
+  int64_t nzs = 0;
+  for (int l = 0; l < 8; ++l) {
+    mxs = std::max(mxs, static_cast<double>(mx[l]));
+    mns = std::min(mns, static_cast<double>(mn[l]));
+    nzs += nz[l];
+  }
+  for (; i < n; ++i) {
+    const double a = std::fabs(static_cast<double>(x[i]));
+    const double y = a - shift;
+    s += y; q += y * y; nzs += a > 0;
+    mxs = std::max(mxs, a);
+    mns = std::min(mns, a);
+  }
+  p.count = static_cast<double>(n); p.sum = s; p.sumsq = SQ ? q : 0.0;
+  p.max = EXT ? mxs : -1; p.min = EXT ? mns : INFINITY; p.nonzero = EXT ? nzs : 0;
+}
+
 // One block's partial: ALL counts every element, else those with |x| > above (compared
 // in T's precision: both sides are exact doubles); SQ adds Σy²; EXT max, min, nonzeros.
 template <typename T, bool ALL, bool SQ, bool EXT>
 void block_stats(const T* x, int64_t n, double above, double shift, Partial& p) {
   if constexpr (std::is_same<T, float>::value && !ALL && !SQ && !EXT) {
     block_count_sum_f32(x, n, static_cast<float>(above), shift, p);
+    return;
+  }
+  if constexpr (std::is_same<T, float>::value && ALL) {
+    block_all_f32<SQ, EXT>(x, n, shift, p);
     return;
   }
   const v4d abv = {above, above, above, above};
