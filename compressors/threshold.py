@@ -318,42 +318,67 @@ class MSTopK(ThresholdSparsifier):
         self.steps = check_positive_int(steps, "steps")
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+        if use_native(acc) and acc.dtype == torch.float32:
+            # The same search on fused passes: counts by gc_count, the probe set compacted
+            # by gc_pool (strictly above the new lower bound: every later candidate lies
+            # above it, so no count changes), the selection by gc_select.
+            st = _native.stats(acc, extremes=True)
+            mean_f = st.sum / st.count
+            if st.max == 0.0:
+                self.report(ctx, threshold=0.0, count=0)
+                return empty_indices(acc.device)
+            if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
+                return self._search(
+                    k, ctx, acc, mean_f, st.max, 1.0,
+                    count_fn=lambda pool, t: (_native.count(pool, t), None),
+                    shrink_fn=lambda pool, t, _mask, keep: _native.pool(
+                        pool, t, dense=keep > 0.02)[2],
+                    select_fn=lambda t: native_select(acc, t))
         mag = magnitudes(acc)
-        numel = mag.numel()
         max_f = float(mag.max())
         if max_f == 0.0:
             self.report(ctx, threshold=0.0, count=0)
             return empty_indices(acc.device)
         scale, mean_f = rescale_for_moments(mag, mean_abs(mag))
         max_f = float(mag.max()) if scale != 1.0 else max_f
-        count, mask = count_at_least(mag, mean_f)
+        return self._search(k, ctx, mag, mean_f, max_f, scale, count_fn=count_at_least,
+                            shrink_fn=lambda pool, _t, mask, _keep: pool[mask],
+                            select_fn=lambda t: nonzero_indices(mag >= t))
+
+    def _search(self, k, ctx, values, mean_f, max_f, scale, count_fn, shrink_fn,
+                select_fn) -> torch.Tensor:
+        """The bisection on either path: count_fn(pool, t) → (#{|pool| ≥ t}, mask or
+        None); shrink_fn(pool, t, mask, kept fraction) → the probe set above t;
+        select_fn(t) → positions of |acc| ≥ t."""
+        numel = values.numel()
+        count, mask = count_fn(values, mean_f)
         if count > k:
             lo, hi = mean_f, max_f
             best_t, best_count = None, -1
-            pool = mag[mask] if 2 * count <= numel else mag
+            pool = shrink_fn(values, mean_f, mask, count / numel) if 2 * count <= numel else values
         else:
             lo, hi = 0.0, mean_f
             best_t, best_count = mean_f, count
-            pool = mag
+            pool = values
         for _ in range(self.steps):
             if best_count == k:
                 break
             mid = 0.5 * (lo + hi)
             if not lo < mid < hi:  # bracket exhausted at float resolution
                 break
-            count, probe = count_at_least(pool, mid)
+            count, probe = count_fn(pool, mid)
             if count > k:
                 lo = mid
                 if 2 * count <= pool.numel():
-                    pool = pool[probe]
+                    pool = shrink_fn(pool, mid, probe, count / pool.numel())
             else:
                 # The bracket only shrinks, so each accepted candidate is below the last
                 # one accepted and keeps at least as many: the latest is the best.
                 hi = mid
                 best_t, best_count = mid, count
         if best_t is None:
-            ties = nonzero_indices(mag >= max_f)[:k]
+            ties = select_fn(max_f)[:k]
             self.report(ctx, threshold=max_f * scale, count=ties.numel())
             return ties
         self.report(ctx, threshold=best_t * scale, count=best_count)
-        return nonzero_indices(mag >= best_t)
+        return select_fn(best_t)

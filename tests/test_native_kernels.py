@@ -109,7 +109,7 @@ def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p", "dgc", "dragonn"])
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p", "dgc", "dragonn", "mstopk"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01])
 def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, name, ratio):
     # Large enough for two threads in every pass (the pools of the first SIDCo stages are
@@ -123,3 +123,27 @@ def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, 
         assert f.sent.indices.numel() > 0
         assert torch.equal(f.sent.indices, s.sent.indices)
         assert torch.equal(f.sent.values, s.sent.values)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["laplace", "ties", "sparse", "constant"])
+@pytest.mark.parametrize("ratio", [0.001, 0.05, 0.5])
+def test_mstopk_native_search_equals_the_reference(monkeypatch, kind, ratio):
+    n = 50_003
+    g = torch.Generator().manual_seed(7)
+    if kind == "laplace":
+        x = _laplace(n, seed=4)
+    elif kind == "ties":  # many elements exactly at every candidate threshold
+        x = torch.randint(-8, 9, (n,), generator=g).to(torch.float32) * 2.5e-4
+    elif kind == "sparse":
+        x = torch.zeros(n)
+        x[::97] = _laplace(len(range(0, n, 97)), seed=5)
+    else:  # more than k elements tie at the maximum: the first k of them are sent
+        x = torch.full((n,), -3e-3)
+    fast = _run("mstopk", [x], ratio)[0]
+    with monkeypatch.context() as m:
+        m.setenv("GRADCOMP_NATIVE", "0")
+        slow = _run("mstopk", [x], ratio)[0]
+    assert torch.equal(fast.sent.indices, slow.sent.indices)
+    assert fast.sent.indices.numel() <= max(1, int(n * ratio))
+    assert fast.extra == slow.extra
