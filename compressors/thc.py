@@ -108,7 +108,9 @@ def fwht_(x: torch.Tensor, normalize: bool = True) -> torch.Tensor:
 # x *= 0x735a2d97; x ^= x >> 15; constants from C. Wellons' hash prospector, bias 0.107),
 # a bijection of 32-bit words with full avalanche; two keyed rounds (as in "triple32").
 # The rounding noise is u_i = (h(i) >> 8)·2^-24 (24 random bits, exact in float32, in
-# [0, 1)); the Rademacher sign s_i is −1 when the top bit of h(i) is set.
+# [0, 1)); the Rademacher sign s_i is −1 where bit (i mod 32) of h(⌊i/32⌋) is set (a sign
+# needs one bit: one hash serves 32 consecutive signs, which makes the signed padded
+# copy and the decode's sign flip nearly free).
 # Why this is enough here: stochastic rounding only needs each u_i uniform and
 # independent of the value it rounds (unbiasedness: P(u < frac) = frac up to 2^-24), and
 # the RHT only needs the signs balanced and unpredictable from the data; tests/
@@ -172,11 +174,13 @@ def hash_noise(numel: int, seed: int, device: torch.device | str = "cpu") -> tor
 
 def rademacher(numel: int, seed: int, device: torch.device | str) -> torch.Tensor:
     """±1 (float32) from `seed`: the RHT diagonal every rank computes identically
-    (s_i = −1 where the top bit of h(i) is set)."""
+    (s_i = −1 where bit i mod 32 of h(⌊i/32⌋) is set)."""
     if _native_stream(device):
         return thc_native.rng_fill(numel, seed, thc_native.SIGNS)
-    h = _hash_range(numel, seed, device)
-    return (h >> 31).to(torch.float32).mul_(-2).add_(1)
+    words = _hash_range(-(-numel // 32), seed, device)
+    shifts = torch.arange(32, dtype=torch.int64, device=words.device)
+    bits = (words[:, None] >> shifts).bitwise_and_(1).flatten()[:numel]
+    return bits.to(torch.float32).mul_(-2).add_(1)
 
 
 def pack_bits(values: torch.Tensor, bits: int) -> torch.Tensor:
@@ -327,13 +331,12 @@ class RotatedGrid:
         padded buffer applies 1/ℓ and the signs in one pass (native) or two (torch):
         (x / ℓ)·s_i on the first numel coordinates, zeros after."""
         x = x.reshape(-1).to(torch.float32)
-        if _native.supports(x):
-            buf = thc_native.rotate_input(x, self.padded, self.max_norm, self.seed)
-        else:
-            buf = torch.zeros(self.padded, dtype=torch.float32, device=x.device)
-            head = buf[: self.numel]
-            torch.div(x, self.max_norm, out=head)
-            head.mul_(self.signs(x.device)[: self.numel])
+        if _native.supports(x):  # the copy happens inside the FWHT's first pass
+            return thc_native.rotate(x, self.padded, self.max_norm, self.seed)
+        buf = torch.zeros(self.padded, dtype=torch.float32, device=x.device)
+        head = buf[: self.numel]
+        torch.div(x, self.max_norm, out=head)
+        head.mul_(self.signs(x.device)[: self.numel])
         # The unnormalised transform is the orthonormal one times √d': exactly the scale.
         return fwht_(buf, normalize=False)
 
@@ -365,22 +368,24 @@ class RotatedGrid:
         rounding onto the float `table` with the noise of one seed drawn from `generator`.
         Returns (z: int32 indices or None when not `indices`; T[z] from `table_values`
         (the table in the sum's integer dtype) or None; the clamped count or None).
-        Contiguous CPU float32 with the native library: one fused pass after the FWHT
-        that generates the noise itself and writes only what is asked for; the same
-        bits as the torch path."""
+        On the CPU with the native library: two passes over one scratch buffer, the
+        FWHT's, with the padded copy (1/ℓ, signs) inside the first and the quantisation
+        (noise generated in the pass, only what is asked for written) inside the last;
+        the same bits as the torch path."""
         seed = draw_seed(generator)
-        rotated = self.rotate(x)
-        if _native.supports(rotated) and (
+        x32 = x.reshape(-1).to(torch.float32)
+        if _native.supports(x32) and (
                 table.dtype == torch.float32 and table.device.type == "cpu"
                 and (table_values is None or table_values.dtype in thc_native.VALUE_BYTES)):
             if lut is None:
                 lut = interval_lut(table)
             gaps = (table[1:] - table[:-1]).contiguous()
-            z, values, clamped = thc_native.encode(
-                rotated, self.t_p, self.granularity, table.contiguous(), gaps,
-                lut.contiguous(), seed, indices=indices,
+            z, values, clamped = thc_native.rotate_encode(
+                x32, self.padded, self.max_norm, self.seed, self.t_p, self.granularity,
+                table.contiguous(), gaps, lut.contiguous(), seed, indices=indices,
                 value_dtype=None if table_values is None else table_values.dtype)
             return z, values, (clamped if count_clamped else None)
+        rotated = self.rotate(x32)
         clamped = int((rotated.abs() > self.t_p).sum()) if count_clamped else None
         grid_values = rotated.clamp_(-self.t_p, self.t_p).add_(self.t_p)
         grid_values.mul_(self.granularity / (2 * self.t_p)).clamp_(0, self.granularity)

@@ -19,6 +19,17 @@ How each number is taken:
   ONE index_add of all pairs (compressors.base.sparse_mean, DRAGONN's sparse decoding) or
   by densifying every rank's payload into a full tensor and adding those (the dense
   decoding of GRACE-style code).
+- THC against one fast Walsh–Hadamard transform (FWHT) of the zero-padded vector
+  (`fwht_ms` in the floor; `encode_over_fwht`, `decode_over_fwht` per thc cell). With
+  THC's default allreduce aggregation, its protocol yields twice (the preliminary
+  max-norm round, then the allreduce of the table values), so "encode" is exactly: the
+  preliminary norm; the RHT (padded copy with 1/ℓ and the hashed Rademacher signs, the
+  FWHT); the clamp and the stochastic rounding (noise hashed in the same pass); the table
+  values T[z] to send (and the copy handed to the allreduce, which overwrites it). The
+  decode side is all after the last answer: the decompression of the aggregate and of
+  the worker's own contribution (error feedback), each an affine map, an FWHT and the
+  sign flip. (With aggregation="ps" the parameter server's lookup and sum would run
+  between the rounds and count as encode: the bench builds the default.)
 - Minima are reported beside the medians: on a shared machine a call preempted by
   another process (with 2 threads on 2 busy cores, a parallel region waits a whole
   scheduler slice, ~4-16 ms) inflates the median, rarely the minimum.
@@ -455,6 +466,8 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
                                                 if probes and sum_s > 0 else None),
                 "encode_over_fwht": (1e3 * enc / fwht
                                      if fwht and name.startswith("thc") else None),
+                "decode_over_fwht": (1e3 * dec / fwht
+                                     if fwht and name.startswith("thc") else None),
             })
 
     for ratio in ratios:
@@ -505,6 +518,15 @@ def format_report(report: dict[str, Any]) -> str:
                 for e in report["encode"] if e["device"] == dev and e["numel"] == size]
         out += _table(["compressor", "ratio", "k̂", "enc ms", "enc min", "dec ms", "enc/floor",
                        "enc/topk", "speed-up", "n"], rows)
+        if floor.get("fwht_ms"):
+            out.append(f"one FWHT of {floor['fwht_numel']:,} floats: {floor['fwht_ms']:.3f} ms "
+                       f"(min {floor['fwht_min_ms']:.3f})")
+            for e in report["encode"]:
+                if (e["device"] == dev and e["numel"] == size
+                        and e.get("encode_over_fwht") is not None):
+                    out.append(f"  {e['compressor']}: encode {e['encode_ms']:.3f} ms = "
+                               f"{e['encode_over_fwht']:.2f} x one FWHT; decode "
+                               f"{e['decode_ms']:.3f} ms = {e['decode_over_fwht']:.2f} x")
     if report["decode"]:
         out += ["", "decoding K ranks' sparse payloads: batched (one index_add) vs dense per rank"]
         rows = [[d["device"], f"{d['numel']:,}", f"{d['ratio']:g}", str(d["workers"]),

@@ -71,12 +71,15 @@ def test_torch_hash_is_the_documented_function():
 
 def test_noise_and_signs_derive_from_the_hash(monkeypatch):
     seed = 0x1234_5678_9ABC_DEF0
-    h = [_py_hash(i, seed) for i in range(64)]
+    n = 100
+    h = [_py_hash(i, seed) for i in range(n)]
     for run in (lambda f: f(), lambda f: _reference(monkeypatch, f)):
-        noise = run(lambda: hash_noise(64, seed))
-        signs = run(lambda: rademacher(64, seed, "cpu"))
+        noise = run(lambda: hash_noise(n, seed))
+        signs = run(lambda: rademacher(n, seed, "cpu"))
         assert noise.tolist() == [(v >> 8) * 2.0**-24 for v in h]
-        assert signs.tolist() == [-1.0 if v >> 31 else 1.0 for v in h]
+        # one hash per 32 signs: s_i = −1 where bit i mod 32 of h(i // 32) is set
+        assert signs.tolist() == [-1.0 if h[i // 32] >> (i % 32) & 1 else 1.0
+                                  for i in range(n)]
 
 
 def test_draw_seed_takes_64_bits_from_the_generator():
@@ -110,6 +113,11 @@ def test_native_stream_beyond_2_to_the_32():
                                       start=aligned)
             want = (h[aligned - start:] >> 8).float() * 2.0**-24
             assert torch.equal(got, want)
+        # signs: word index i // 32 crosses 2^32 at i = 2^37
+        sstart = 2**37 - 64
+        words = counter_hash(torch.arange(sstart // 32, sstart // 32 + 4), seed)
+        want = 1 - 2 * ((words[:, None] >> torch.arange(32)) & 1).flatten().float()
+        assert torch.equal(thc_native.rng_fill(128, seed, thc_native.SIGNS, start=sstart), want)
 
 
 def _laplace(n: int, seed: int) -> torch.Tensor:
@@ -338,9 +346,13 @@ def test_signs_are_balanced_and_uncorrelated(seed):
     for other in (seed ^ 1, seed ^ (1 << 32), seed ^ (1 << 63), seed + 1):
         assert _corr_z(s, rademacher(N, other, "cpu")) < 5, other
         assert _corr_z(s, hash_noise(N, other)) < 5, other
-    # (With the SAME seed the sign is the noise's top bit, by construction: THC never
-    # keys both by one seed: signs by the step's shared seed, noise by a private draw.)
-    assert torch.equal(s < 0, hash_noise(N, seed) >= 0.5)
+    assert _corr_z(s, hash_noise(N, seed)) < 5
+    # bits at the same position of consecutive hash words (signs 32 apart) and the
+    # first vs last bit of each word
+    w = s.view(-1, 32)
+    for b in (0, 7, 31):
+        assert _corr_z(w[:-1, b], w[1:, b]) < 5, b
+    assert _corr_z(w[:, 0], w[:, 31]) < 5
     # runs of equal signs: expected N/2 + 1 for independent fair signs
     runs = int((s[1:] != s[:-1]).sum()) + 1
     assert abs(runs - (N / 2 + 1)) < 5 * math.sqrt(N) / 2

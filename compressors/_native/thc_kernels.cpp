@@ -173,9 +173,9 @@ void thc_encode(const float* x, const float* noise, int64_t n, int threads, floa
 //   h(i) = mix(mix(lo32(i) ^ k0) ^ k1 ^ hi32(i)),
 // mix = the "lowbias32" finaliser x ^= x>>16; x *= 0x21f0aaad; x ^= x>>15;
 // x *= 0x735a2d97; x ^= x>>15 (both multipliers < 2^31, so the torch version's int64
-// products never overflow). Derived variables: the rounding noise u = (h >> 8)·2^-24
-// (24 random bits, exact in float32, in [0, 1)) and the Rademacher sign −1 when the top
-// bit of h is set. Nothing here depends on the thread count or on how the range is split.
+// products never overflow). Derived variables: the rounding noise u_i = (h(i) >> 8)·2^-24
+// (24 random bits, exact in float32, in [0, 1)) and the Rademacher sign s_i = −1 where
+// bit (i mod 32) of h(⌊i/32⌋) is set (32 signs per hash). Nothing here depends on the thread count or on how the range is split.
 // The loops run on 8 lanes of 32-bit words (vector extensions: AVX2 where the CPU has
 // it); every range starts at a multiple of BLOCK, so 8 consecutive indices share hi32(i).
 constexpr uint32_t HASH_MUL1 = 0x21f0aaadu;
@@ -219,14 +219,25 @@ inline v8f hash_noise(v8u h) {
   return __builtin_convertvector((v8i)(h >> 8), v8f) * 0x1p-24f;
 }
 
-inline float flip(float v, uint32_t h) {  // v·(±1) by the sign bit: exactly v * s
+// The sign stream: s_i = −1 where bit (i mod 32) of h(⌊i/32⌋) is set (one hash per 32
+// signs; the sign bit to xor in: 0x80000000 or 0).
+inline uint32_t sign_mask(uint64_t i, uint32_t k0, uint32_t k1) {
+  return ((counter_hash(i >> 5, k0, k1) >> (i & 31)) & 1u) << 31;
+}
+inline v8u sign_mask8(uint64_t i, uint32_t k0, uint32_t k1) {  // i % 8 == 0
+  const v8u lane = {0, 1, 2, 3, 4, 5, 6, 7};
+  const uint32_t h = counter_hash(i >> 5, k0, k1);
+  return ((h >> (static_cast<uint32_t>(i & 31) + lane)) & 1u) << 31;
+}
+
+inline float flip(float v, uint32_t mask) {  // v·s by the sign bit: exactly v * s
   uint32_t b;
   std::memcpy(&b, &v, sizeof b);
-  b ^= h & 0x80000000u;
+  b ^= mask;
   std::memcpy(&v, &b, sizeof v);
   return v;
 }
-inline v8f flip(v8f v, v8u h) { return (v8f)((v8u)v ^ (h & 0x80000000u)); }
+inline v8f flip(v8f v, v8u mask) { return (v8f)((v8u)v ^ mask); }
 
 // f(vector start i) on the multiples of 8 in [lo, hi), g(i) on the rest (lo % 8 == 0).
 template <typename F8, typename F1>
@@ -246,14 +257,15 @@ void rng_fill(int64_t start, int64_t n, uint32_t k0, uint32_t k1, int kind, floa
     const bool vec = start % 8 == 0;
     for (int64_t i = lo; i < hi; ++i) {
       if (vec && i % 8 == 0 && i + 8 <= hi) {
-        const v8u h = counter_hash8(static_cast<uint64_t>(start + i), k0, k1);
-        const v8f v = kind == 0 ? hash_noise(h) : flip(v8f{1, 1, 1, 1, 1, 1, 1, 1}, h);
+        const uint64_t at = static_cast<uint64_t>(start + i);
+        const v8f v = kind == 0 ? hash_noise(counter_hash8(at, k0, k1))
+                                : flip(v8f{1, 1, 1, 1, 1, 1, 1, 1}, sign_mask8(at, k0, k1));
         vstore(out + i, v);
         i += 7;
         continue;
       }
-      const uint32_t h = counter_hash(static_cast<uint64_t>(start + i), k0, k1);
-      out[i] = kind == 0 ? hash_noise(h) : flip(1.0f, h);
+      const uint64_t at = static_cast<uint64_t>(start + i);
+      out[i] = kind == 0 ? hash_noise(counter_hash(at, k0, k1)) : flip(1.0f, sign_mask(at, k0, k1));
     }
   });
 }
@@ -267,9 +279,9 @@ void thc_rotate_input(const float* x, int64_t n, int64_t padded, float norm, uin
     const int64_t mid = std::max(lo, std::min(hi, n));
     lanes8(lo, mid,
            [&](int64_t i) {
-             vstore(out + i, flip(load8(x + i) / norm, counter_hash8(i, k0, k1)));
+             vstore(out + i, flip(load8(x + i) / norm, sign_mask8(i, k0, k1)));
            },
-           [&](int64_t i) { out[i] = flip(x[i] / norm, counter_hash(i, k0, k1)); });
+           [&](int64_t i) { out[i] = flip(x[i] / norm, sign_mask(i, k0, k1)); });
     if (hi > mid) std::memset(out + mid, 0, static_cast<size_t>(hi - mid) * sizeof(float));
   });
 }
@@ -279,88 +291,234 @@ void thc_apply_signs(float* x, int64_t n, uint32_t k0, uint32_t k1, int threads)
   parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
     const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
     lanes8(lo, hi,
-           [&](int64_t i) { vstore(x + i, flip(load8(x + i), counter_hash8(i, k0, k1))); },
-           [&](int64_t i) { x[i] = flip(x[i], counter_hash(i, k0, k1)); });
+           [&](int64_t i) { vstore(x + i, flip(load8(x + i), sign_mask8(i, k0, k1))); },
+           [&](int64_t i) { x[i] = flip(x[i], sign_mask(i, k0, k1)); });
   });
 }
 
 // thc_encode with the noise generated in the pass (u_i from the stream keyed by k0, k1)
 // instead of read from a tensor. Writes z (int32) and/or the table values T[z] as the
-// sum's integer type V, either may be null; returns #{|x| > t} (the clamped count).
+// sum's integer type (value_bytes 1: uint8, 4: int32, 8: int64), either may be null;
+// counts #{|x| > t} (the clamped count).
 // Scalar element: the same float32 operations as the torch path (thc.py table_encode).
 // Tables of at most 16 values (b ≤ 4, THC's default) also run 8 lanes at a time, with the
-// interval found by comparisons instead of the lookups: the table holds integers and
-// lut = interval_lut(table), so lut[int(v)] = #{1 ≤ k ≤ K−2 : T[k] ≤ v} for v ≥ 0, and
-// T[j], T[j+1] − T[j] (exact integer differences) are the same floats: the same bits.
+// interval found by comparisons instead of the lookups: the table holds increasing
+// integers and lut = interval_lut(table), so lut[int(v)] = #{1 ≤ k ≤ K−2 : T[k] ≤ v} for
+// v ≥ 0, and T[j], T[j+1] − T[j] (exact integer differences) are the same floats: the
+// same bits.
+// With g ≤ 31 (THC's default g = 30) the interval of v is a function of c = int(v) < 32:
+// the word packed[c] = T[j] | T[j+1] << 8 | j << 16 (j = lut[c]) is found for 8 lanes by
+// four in-register permutes (AVX2), cheaper than the comparisons.
+struct EncodeArgs {
+  float t, s, g;
+  const float* table;
+  int K;
+  const float* gaps;
+  const int32_t* lut;
+  uint32_t k0, k1;
+  int32_t* z;
+  void* values;
+  int value_bytes;
+  bool use_packed = false;
+  alignas(32) int32_t packed[32] = {};
+
+  EncodeArgs(float t_, float s_, float g_, const float* table_, int K_, const float* gaps_,
+             const int32_t* lut_, uint32_t k0_, uint32_t k1_, int32_t* z_, void* values_,
+             int value_bytes_)
+      : t(t_), s(s_), g(g_), table(table_), K(K_), gaps(gaps_), lut(lut_), k0(k0_), k1(k1_),
+        z(z_), values(value_bytes_ ? values_ : nullptr), value_bytes(value_bytes_) {
+#if defined(__AVX2__)
+    const int top = static_cast<int>(g);
+    use_packed = g >= 1 && g <= 31 && static_cast<float>(top) == g && K >= 2;
+    for (int c = 0; use_packed && c <= top; ++c) {
+      const int32_t j = lut[c];
+      const float lo = table[j], hi = table[j + 1];
+      if (j < 0 || j > K - 2 || lo != static_cast<float>(static_cast<int>(lo)) ||
+          hi != static_cast<float>(static_cast<int>(hi)) || lo < 0 || hi > 255) {
+        use_packed = false;
+        break;
+      }
+      packed[c] = static_cast<int32_t>(lo) | static_cast<int32_t>(hi) << 8 | j << 16;
+    }
+#endif
+  }
+};
+
 template <typename V>
 inline void store_values(V* values, int64_t i, v8i val) {
   if constexpr (sizeof(V) == 4) {
     vstore(values + i, val);
+  } else if constexpr (sizeof(V) == 1) {
+    typedef uint8_t v8b __attribute__((vector_size(8)));
+    vstore(values + i, __builtin_convertvector(val, v8b));
   } else {
     for (int l = 0; l < 8; ++l) values[i + l] = static_cast<V>(val[l]);
   }
 }
 
+// Encodes p[0 .. len) = the elements i0 .. i0 + len of the rotated vector; returns the
+// clamped count among them.
 template <typename V>
-int64_t thc_encode_hash(const float* x, int64_t n, int threads, float t, float s, float g,
-                        const float* table, int table_size, const float* gaps,
-                        const int32_t* lut, uint32_t k0, uint32_t k1, int32_t* z, V* values) {
+int64_t encode_run(const float* p, int64_t i0, int64_t len, const EncodeArgs& e) {
+  const float t = e.t, s = e.s, g = e.g;
+  const float* table = e.table;
+  const int K = e.K;
+  int32_t* z = e.z;
+  V* values = static_cast<V*>(e.values);
+  int64_t count = 0;
+  auto one = [&](int64_t k) {
+    const int64_t i = i0 + k;
+    const float xi = p[k];
+    count += std::fabs(xi) > t;
+    float v = std::min(std::max(xi, -t), t);
+    v = v + t;
+    v = v * s;
+    v = std::min(std::max(v, 0.0f), g);
+    const int32_t j = e.lut[static_cast<int32_t>(v)];
+    const float frac = (v - table[j]) / e.gaps[j];
+    const int32_t zz = j + (hash_noise(counter_hash(i, e.k0, e.k1)) < frac ? 1 : 0);
+    if (z) z[i] = zz;
+    if (values) values[i] = static_cast<V>(table[zz]);
+  };
+  if (!(e.use_packed || (K >= 2 && K <= 16)) || i0 % 8 != 0) {
+    for (int64_t k = 0; k < len; ++k) one(k);
+    return count;
+  }
+#if defined(__AVX2__)
+  __m256i pk[4];
+  for (int r = 0; r < 4; ++r) pk[r] = vload<__m256i>(e.packed + 8 * r);
+#endif
+  const v8f tv = t - v8f{}, ntv = -t - v8f{}, sv = s - v8f{}, gv = g - v8f{};
+  const v8f zero = v8f{};
+  v8i cnt = v8i{};
+  lanes8(0, len, [&](int64_t k) {
+    const int64_t i = i0 + k;
+    const v8f xv = load8(p + k);
+    cnt -= (v8i)(vabs8(xv) > tv);
+    v8f v = xv < ntv ? ntv : xv;  // std::max(x, −t)
+    v = tv < v ? tv : v;          // std::min(·, t)
+    v = v + tv;
+    v = v * sv;
+    v = v < zero ? zero : v;
+    v = gv < v ? gv : v;
+    v8i j = v8i{};
+    v8f low, up;
+#if defined(__AVX2__)
+    if (e.use_packed) {
+      const v8i c = __builtin_convertvector(v, v8i);  // int(v), 0 ≤ c ≤ g ≤ 31
+      const v8i a = (v8i)_mm256_permutevar8x32_epi32(pk[0], (__m256i)c);
+      const v8i b = (v8i)_mm256_permutevar8x32_epi32(pk[1], (__m256i)c);
+      const v8i d = (v8i)_mm256_permutevar8x32_epi32(pk[2], (__m256i)c);
+      const v8i f = (v8i)_mm256_permutevar8x32_epi32(pk[3], (__m256i)c);
+      const v8i upper8 = (c & 8) != 0;
+      const v8i w = c > 15 ? (upper8 ? f : d) : (upper8 ? b : a);
+      low = __builtin_convertvector(w & 255, v8f);
+      up = __builtin_convertvector((w >> 8) & 255, v8f);
+      j = w >> 16;
+    } else
+#endif
+    {
+      low = table[0] - v8f{};
+      up = table[1] - v8f{};
+      for (int q = 1; q <= K - 2; ++q) {
+        const v8i m = (v8i)(table[q] - v8f{} <= v);
+        j -= m;
+        low = m ? table[q] - v8f{} : low;
+        up = m ? table[q + 1] - v8f{} : up;
+      }
+    }
+    const v8f frac = (v - low) / (up - low);
+    const v8i take = (v8i)(hash_noise(counter_hash8(i, e.k0, e.k1)) < frac);
+    if (z) vstore(z + i, j - take);
+    if (values) store_values(values, i, __builtin_convertvector(take ? up : low, v8i));
+  }, one);
+  for (int l = 0; l < 8; ++l) count += cnt[l];
+  return count;
+}
+
+inline int64_t encode_any(const float* p, int64_t i0, int64_t len, const EncodeArgs& e) {
+  switch (e.value_bytes) {
+    case 4: return encode_run<int32_t>(p, i0, len, e);
+    case 8: return encode_run<int64_t>(p, i0, len, e);
+    default: return encode_run<uint8_t>(p, i0, len, e);  // also: no values
+  }
+}
+
+int64_t thc_encode_hash(const float* x, int64_t n, int threads, const EncodeArgs& e) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   std::vector<int64_t> clamped(static_cast<size_t>(blocks), 0);
-  const int K = table_size;
-  const bool vec = K >= 2 && K <= 16;
   parallel_range(blocks, threads, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
-      int64_t count = 0;
-      auto one = [&](int64_t i) {
-        const float xi = x[i];
-        count += std::fabs(xi) > t;
-        float v = std::min(std::max(xi, -t), t);
-        v = v + t;
-        v = v * s;
-        v = std::min(std::max(v, 0.0f), g);
-        const int32_t j = lut[static_cast<int32_t>(v)];
-        const float frac = (v - table[j]) / gaps[j];
-        const int32_t zz = j + (hash_noise(counter_hash(i, k0, k1)) < frac ? 1 : 0);
-        if (z) z[i] = zz;
-        if (values) values[i] = static_cast<V>(table[zz]);
-      };
-      if (!vec) {
-        for (int64_t i = lo; i < hi; ++i) one(i);
-      } else {
-        const v8f tv = t - v8f{}, ntv = -t - v8f{}, sv = s - v8f{}, gv = g - v8f{};
-        const v8f zero = v8f{};
-        v8i cnt = v8i{};
-        lanes8(lo, hi, [&](int64_t i) {
-          const v8f xv = load8(x + i);
-          cnt -= (v8i)(vabs8(xv) > tv);
-          v8f v = xv < ntv ? ntv : xv;  // std::max(x, −t)
-          v = tv < v ? tv : v;          // std::min(·, t)
-          v = v + tv;
-          v = v * sv;
-          v = v < zero ? zero : v;
-          v = gv < v ? gv : v;
-          v8i j = v8i{};
-          v8f low = table[0] - v8f{}, up = table[1] - v8f{};
-          for (int k = 1; k <= K - 2; ++k) {
-            const v8i m = (v8i)(table[k] - v8f{} <= v);
-            j -= m;
-            low = m ? table[k] - v8f{} : low;
-            up = m ? table[k + 1] - v8f{} : up;
-          }
-          const v8f frac = (v - low) / (up - low);
-          const v8i take = (v8i)(hash_noise(counter_hash8(i, k0, k1)) < frac);
-          if (z) vstore(z + i, j - take);
-          if (values) store_values(values, i, __builtin_convertvector(take ? up : low, v8i));
-        }, one);
-        for (int l = 0; l < 8; ++l) count += cnt[l];
-      }
-      clamped[static_cast<size_t>(b)] = count;
+      clamped[static_cast<size_t>(b)] = encode_any(x + lo, lo, hi - lo, e);
     }
   });
   int64_t total = 0;
   for (int64_t c : clamped) total += c;
+  return total;
+}
+
+// The RHT of THC fused with its neighbours (the same passes as fwht<float> above, the
+// same butterflies in the same order, so the same bits as the separate steps):
+//   block pass: each L2-sized block is first filled with (x[i] / norm)·s_i (zeros past
+//     n), then transformed in cache (no separate padded copy);
+//   strip pass: when `enc` is given, each column strip is encoded (encode_run) right
+//     after its last stage, while it is in cache; the rotated floats are then not needed
+//     and `buf` is scratch. (With a single block, the block pass encodes.)
+// Returns the clamped count (0 without `enc`).
+int64_t thc_rotate(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0, uint32_t sk1,
+                   float* buf, int threads, const EncodeArgs* enc) {
+  const int64_t cache_elems = (256 * 1024) / static_cast<int64_t>(sizeof(float));
+  const int64_t B = std::min<int64_t>(d, cache_elems);
+  const int64_t per_row = d / B;
+  std::vector<int64_t> counts;
+  auto fill = [&](float* out, int64_t lo, int64_t hi) {  // elements lo .. hi of the input
+    const int64_t mid = std::max(lo, std::min(hi, n));
+    if (lo % 8 == 0) {
+      lanes8(lo, mid,
+             [&](int64_t i) {
+               vstore(out + (i - lo), flip(load8(x + i) / norm, sign_mask8(i, sk0, sk1)));
+             },
+             [&](int64_t i) { out[i - lo] = flip(x[i] / norm, sign_mask(i, sk0, sk1)); });
+    } else {
+      for (int64_t i = lo; i < mid; ++i) out[i - lo] = flip(x[i] / norm, sign_mask(i, sk0, sk1));
+    }
+    if (hi > mid) std::memset(out + (mid - lo), 0, static_cast<size_t>(hi - mid) * sizeof(float));
+  };
+  if (per_row == 1 && enc) counts.assign(1, 0);
+  parallel_range(per_row, threads, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      float* blk = buf + i * B;
+      fill(blk, i * B, (i + 1) * B);
+      if (B > 1) fwht_block(blk, B);
+      if (per_row == 1 && enc) counts[0] = encode_any(blk, 0, B, *enc);
+    }
+  });
+  if (per_row > 1) {
+    const int64_t m = per_row;
+    const int64_t W = std::min<int64_t>(B, std::max<int64_t>(64 / sizeof(float) * 4,
+                                                             cache_elems / m));
+    const int64_t strips = B / W;
+    if (enc) counts.assign(static_cast<size_t>(strips), 0);
+    parallel_range(strips, threads, [&](int64_t a, int64_t b) {
+      for (int64_t s = a; s < b; ++s) {
+        float* col = buf + s * W;
+        int64_t h = 1;
+        while (h < m) {
+          const bool two = 2 * h < m;
+          sweep(col, m, h, two, B, W);
+          h *= two ? 4 : 2;
+        }
+        if (enc) {
+          int64_t c = 0;
+          for (int64_t r = 0; r < m; ++r) c += encode_any(col + r * B, r * B + s * W, W, *enc);
+          counts[static_cast<size_t>(s)] = c;
+        }
+      }
+    });
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
   return total;
 }
 
@@ -421,22 +579,28 @@ void gc_thc_apply_signs_f32(float* x, int64_t n, uint32_t k0, uint32_t k1, int t
   thc_apply_signs(x, n, k0, k1, threads);
 }
 // value_bytes: 0 (no values), 1 (uint8), 4 (int32), 8 (int64).
-// table_size values in `table` (integers, increasing), gaps[j] = table[j+1] − table[j],
+// table_size values in `table` (increasing integers), gaps[j] = table[j+1] − table[j],
 // lut = interval_lut(table). value_bytes: 0 (no values), 1 (uint8), 4 (int32), 8 (int64).
 int64_t gc_thc_encode_hash_f32(const float* x, int64_t n, int threads, float t, float s, float g,
                                const float* table, int table_size, const float* gaps,
                                const int32_t* lut, uint32_t k0, uint32_t k1, int32_t* z,
                                void* values, int value_bytes) {
-  switch (value_bytes) {
-    case 1: return thc_encode_hash(x, n, threads, t, s, g, table, table_size, gaps, lut, k0,
-                                   k1, z, static_cast<uint8_t*>(values));
-    case 4: return thc_encode_hash(x, n, threads, t, s, g, table, table_size, gaps, lut, k0,
-                                   k1, z, static_cast<int32_t*>(values));
-    case 8: return thc_encode_hash(x, n, threads, t, s, g, table, table_size, gaps, lut, k0,
-                                   k1, z, static_cast<int64_t*>(values));
-    default: return thc_encode_hash<uint8_t>(x, n, threads, t, s, g, table, table_size, gaps,
-                                             lut, k0, k1, z, nullptr);
-  }
+  const EncodeArgs e(t, s, g, table, table_size, gaps, lut, k0, k1, z, values, value_bytes);
+  return thc_encode_hash(x, n, threads, e);
+}
+// The padded RHT input, transformed (unnormalised FWHT) into buf[0 .. d).
+void gc_thc_rotate_f32(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0,
+                       uint32_t sk1, float* buf, int threads) {
+  thc_rotate(x, n, d, norm, sk0, sk1, buf, threads, nullptr);
+}
+// Rotation and encoding in two passes over buf (scratch); outputs as gc_thc_encode_hash_f32.
+int64_t gc_thc_rotate_encode_f32(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0,
+                                 uint32_t sk1, float* buf, int threads, float t, float s,
+                                 float g, const float* table, int table_size, const float* gaps,
+                                 const int32_t* lut, uint32_t k0, uint32_t k1, int32_t* z,
+                                 void* values, int value_bytes) {
+  const EncodeArgs e(t, s, g, table, table_size, gaps, lut, k0, k1, z, values, value_bytes);
+  return thc_rotate(x, n, d, norm, sk0, sk1, buf, threads, &e);
 }
 void gc_thc_uniform_encode_f32(const float* x, int64_t n, int threads, float lo, float step,
                                float levels, uint32_t k0, uint32_t k1, uint8_t* out) {

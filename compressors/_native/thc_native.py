@@ -10,6 +10,7 @@ Everything takes contiguous CPU float32 tensors; call `available()` first. Seeds
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import torch
 
@@ -28,6 +29,9 @@ _SIGNATURES = {
     "gc_thc_apply_signs_f32": ([_P, _I64, _U32, _U32, _INT], None),
     "gc_thc_encode_hash_f32": ([_P, _I64, _INT, _F, _F, _F, _P, _INT, _P, _P, _U32, _U32, _P,
                                 _P, _INT], _I64),
+    "gc_thc_rotate_f32": ([_P, _I64, _I64, _F, _U32, _U32, _P, _INT], None),
+    "gc_thc_rotate_encode_f32": ([_P, _I64, _I64, _F, _U32, _U32, _P, _INT, _F, _F, _F, _P, _INT,
+                                  _P, _P, _U32, _U32, _P, _P, _INT], _I64),
     "gc_thc_uniform_encode_f32": ([_P, _I64, _INT, _F, _F, _F, _U32, _U32, _P], None),
 }
 VALUE_BYTES = {torch.uint8: 1, torch.int32: 4, torch.int64: 8}
@@ -111,6 +115,60 @@ def encode(rotated: torch.Tensor, t_p: float, granularity: int, table: torch.Ten
         rotated.data_ptr(), n, threads(n), float(t_p), float(granularity / (2 * t_p)),
         float(granularity), table.data_ptr(), table.numel(), gaps.data_ptr(), lut.data_ptr(),
         k0, k1,
+        None if z is None else z.data_ptr(), None if values is None else values.data_ptr(),
+        0 if values is None else VALUE_BYTES[value_dtype])
+    return z, values, int(clamped)
+
+
+def rotate(x: torch.Tensor, padded: int, norm: float, sign_seed: int) -> torch.Tensor:
+    """The unnormalised FWHT of the padded RHT input (x / norm)·s_i (zeros past
+    x.numel()), in a fresh float32 buffer of `padded` elements: the input is written
+    inside the transform's first (cache-blocked) pass. The same bits as rotate_input
+    followed by the native FWHT."""
+    n = x.numel()
+    buf = _empty(padded, torch.float32)
+    k0, k1 = words(sign_seed)
+    _lib().gc_thc_rotate_f32(x.data_ptr(), n, padded, float(norm), k0, k1, buf.data_ptr(),
+                             threads(padded))
+    return buf
+
+
+_local = threading.local()
+
+
+def scratch(n: int) -> torch.Tensor:
+    """A float32 work buffer of n elements, kept per thread and reused between calls (a
+    fresh 128 MiB buffer costs ~15-25 ms of page faults and kernel zeroing per call at
+    2^25 elements). Its contents are garbage; `release_scratch()` frees it."""
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.numel() < n:
+        _local.buf = None  # free the old one first
+        buf = _local.buf = _empty(n, torch.float32)
+    return buf[:n]
+
+
+def release_scratch() -> None:
+    _local.buf = None
+
+
+def rotate_encode(x: torch.Tensor, padded: int, norm: float, sign_seed: int, t_p: float,
+                  granularity: int, table: torch.Tensor, gaps: torch.Tensor,
+                  lut: torch.Tensor, seed: int, indices: bool = True,
+                  value_dtype: torch.dtype | None = None,
+                  ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
+    """rotate() and encode() fused: the FWHT's first pass writes the input, its last
+    pass encodes each column strip while it is in cache. Returns what encode() returns
+    (for the rotated vector of `padded` elements); the same bits."""
+    n = x.numel()
+    buf = scratch(padded)
+    z = torch.empty(padded, dtype=torch.int32) if indices else None
+    values = _empty(padded, value_dtype) if value_dtype is not None else None
+    sk0, sk1 = words(sign_seed)
+    k0, k1 = words(seed)
+    clamped = _lib().gc_thc_rotate_encode_f32(
+        x.data_ptr(), n, padded, float(norm), sk0, sk1, buf.data_ptr(), threads(padded),
+        float(t_p), float(granularity / (2 * t_p)), float(granularity), table.data_ptr(),
+        table.numel(), gaps.data_ptr(), lut.data_ptr(), k0, k1,
         None if z is None else z.data_ptr(), None if values is None else values.data_ptr(),
         0 if values is None else VALUE_BYTES[value_dtype])
     return z, values, int(clamped)
