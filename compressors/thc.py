@@ -409,6 +409,14 @@ class RotatedGrid:
         unit = self.max_norm / self.padded
         scale = 2 * self.t_p / self.granularity * unit
         offset = -self.t_p * unit
+        if (zero_chunks is None and not isinstance(count, torch.Tensor)
+                and value_sum.dtype in thc_native.VALUE_BYTES and value_sum.device.type == "cpu"
+                and value_sum.is_contiguous() and value_sum.numel() == self.padded
+                and thc_native.available()):
+            # The affine map inside the FWHT's first pass, the signs inside its last: the
+            # same float32 operations as _affine, fwht_ and the sign flip below.
+            return thc_native.decode(value_sum, self.numel, scale / divisor,
+                                     offset * count / divisor, self.seed)
         out = _affine(value_sum, scale, offset, count, divisor, chunk_size)
         if zero_chunks is not None:
             _per_chunk(out, chunk_size, (~zero_chunks).to(out.dtype), "mul")

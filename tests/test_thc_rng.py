@@ -170,14 +170,45 @@ def test_native_encoding_equals_torch_bit_for_bit(monkeypatch, n, bits, granular
 
 
 @needs_native
-@pytest.mark.parametrize("n", [1, 9, 1000, 2**17 + 5])
-def test_native_decode_signs_equal_torch(monkeypatch, n):
+@pytest.mark.parametrize("n", [1, 9, 2**15 + 3, 2**17 + 5])
+def test_fused_rotation_and_encoding_equal_the_separate_kernels(n):
+    """rotate_encode (input written in the FWHT's first pass, encoding in its last) equals
+    rotate() then the standalone encoding kernel, on the single-block and the strip
+    paths."""
+    x = _laplace(n, 5 * n) * 30
+    table = torch.tensor(get_table(4, 30, 1 / 32), dtype=torch.float32)
+    lut, gaps = interval_lut(table), (table[1:] - table[:-1]).contiguous()
+    padded = thc.next_power_of_two(n)
+    rotated = thc_native.rotate(x, padded, float(x.norm()), 11)
+    separate = thc_native.encode(rotated, thc.threshold(1 / 32), 30, table, gaps, lut, 12,
+                                 value_dtype=torch.uint8)
+    fused = thc_native.rotate_encode(x, padded, float(x.norm()), 11, thc.threshold(1 / 32),
+                                     30, table, gaps, lut, 12, value_dtype=torch.uint8)
+    assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
+    assert fused[2] == separate[2]
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 9, 1000, 2**16, 2**17 + 5])
+def test_native_decode_equals_torch(monkeypatch, n):
+    """The fused decompression (affine map in the FWHT's first pass, signs in its last)
+    and the unfused one (per-chunk counts, lost chunks) against torch, every sum dtype."""
     grid = RotatedGrid.make(n, 3.5, 1 / 32, 30, seed=99)
-    total = torch.randint(0, 60, (grid.padded,), dtype=torch.uint8,
-                          generator=torch.Generator().manual_seed(n))
-    expected = _reference(monkeypatch, lambda: grid.decode(total, 2, 2))
-    got = grid.decode(total, 2, 2)
-    assert got.shape == (n,) and torch.equal(got, expected)
+    g = torch.Generator().manual_seed(n)
+    for dtype in (torch.uint8, torch.int32, torch.int64):
+        total = torch.randint(0, 90, (grid.padded,), dtype=dtype, generator=g)
+        chunks = -(-grid.padded // 64)
+        count = torch.randint(1, 4, (chunks,), generator=g)
+        lost = torch.rand(chunks, generator=g) < 0.2
+
+        def run():
+            return (grid.decode(total, 3, 3), grid.decode(total, 2.0, 3),
+                    grid.decode(total, count, 3, 64, lost))
+
+        expected = _reference(monkeypatch, run)
+        for got, want in zip(run(), expected):
+            assert got.shape == (n,) and got.dtype == torch.float32
+            assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit())
 
 
 @needs_native

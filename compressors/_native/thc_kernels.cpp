@@ -175,7 +175,8 @@ void thc_encode(const float* x, const float* noise, int64_t n, int threads, floa
 // x *= 0x735a2d97; x ^= x>>15 (both multipliers < 2^31, so the torch version's int64
 // products never overflow). Derived variables: the rounding noise u_i = (h(i) >> 8)·2^-24
 // (24 random bits, exact in float32, in [0, 1)) and the Rademacher sign s_i = −1 where
-// bit (i mod 32) of h(⌊i/32⌋) is set (32 signs per hash). Nothing here depends on the thread count or on how the range is split.
+// bit (i mod 32) of h(⌊i/32⌋) is set (32 signs per hash). Nothing here depends on the
+// thread count or on how the range is split.
 // The loops run on 8 lanes of 32-bit words (vector extensions: AVX2 where the CPU has
 // it); every range starts at a multiple of BLOCK, so 8 consecutive indices share hi32(i).
 constexpr uint32_t HASH_MUL1 = 0x21f0aaadu;
@@ -265,24 +266,9 @@ void rng_fill(int64_t start, int64_t n, uint32_t k0, uint32_t k1, int kind, floa
         continue;
       }
       const uint64_t at = static_cast<uint64_t>(start + i);
-      out[i] = kind == 0 ? hash_noise(counter_hash(at, k0, k1)) : flip(1.0f, sign_mask(at, k0, k1));
+      out[i] = kind == 0 ? hash_noise(counter_hash(at, k0, k1))
+                         : flip(1.0f, sign_mask(at, k0, k1));
     }
-  });
-}
-
-// The RHT's input in one pass: out[i] = (x[i] / norm)·s_i for i < n, 0 for n ≤ i < padded
-// (the torch path: torch.div(x, ℓ) into a zeroed buffer, then × signs on the first n).
-void thc_rotate_input(const float* x, int64_t n, int64_t padded, float norm, uint32_t k0,
-                      uint32_t k1, float* out, int threads) {
-  parallel_range((padded + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
-    const int64_t lo = b0 * BLOCK, hi = std::min(padded, b1 * BLOCK);
-    const int64_t mid = std::max(lo, std::min(hi, n));
-    lanes8(lo, mid,
-           [&](int64_t i) {
-             vstore(out + i, flip(load8(x + i) / norm, sign_mask8(i, k0, k1)));
-           },
-           [&](int64_t i) { out[i] = flip(x[i] / norm, sign_mask(i, k0, k1)); });
-    if (hi > mid) std::memset(out + mid, 0, static_cast<size_t>(hi - mid) * sizeof(float));
   });
 }
 
@@ -458,21 +444,62 @@ int64_t thc_encode_hash(const float* x, int64_t n, int threads, const EncodeArgs
   return total;
 }
 
-// The RHT of THC fused with its neighbours (the same passes as fwht<float> above, the
-// same butterflies in the same order, so the same bits as the separate steps):
-//   block pass: each L2-sized block is first filled with (x[i] / norm)·s_i (zeros past
-//     n), then transformed in cache (no separate padded copy);
-//   strip pass: when `enc` is given, each column strip is encoded (encode_run) right
-//     after its last stage, while it is in cache; the rotated floats are then not needed
-//     and `buf` is scratch. (With a single block, the block pass encodes.)
-// Returns the clamped count (0 without `enc`).
+// The unnormalised FWHT of fwht<float> above (the same passes, the same butterflies in the
+// same order: the same bits) with hooks into its passes, for THC's fused steps:
+//   fill(out, lo, hi): writes elements lo .. hi of the input into a block just before the
+//     block pass transforms it in cache (no separate pass to prepare the input);
+//   finish(slot, p, i0, len): called on every run p[0 .. len) = elements i0 .. i0 + len
+//     of the result right after its last stage, while it is in cache: per column-strip
+//     row in the strip pass (slot = strip), or on the whole vector when it is one block
+//     (slot 0). Slots are finished by one thread each; there are fused_slots(d) of them.
+inline int64_t fused_block(int64_t d) {
+  return std::min<int64_t>(d, (256 * 1024) / static_cast<int64_t>(sizeof(float)));
+}
+inline int64_t fused_strip_width(int64_t d) {
+  const int64_t cache_elems = (256 * 1024) / static_cast<int64_t>(sizeof(float));
+  const int64_t B = fused_block(d), m = d / B;
+  return std::min<int64_t>(B, std::max<int64_t>(64 / sizeof(float) * 4, cache_elems / m));
+}
+inline int64_t fused_slots(int64_t d) {
+  return d / fused_block(d) == 1 ? 1 : fused_block(d) / fused_strip_width(d);
+}
+
+template <typename Fill, typename Finish>
+void fused_fwht(float* buf, int64_t d, int threads, Fill&& fill, Finish&& finish) {
+  const int64_t B = fused_block(d);
+  const int64_t per_row = d / B;
+  parallel_range(per_row, threads, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      float* blk = buf + i * B;
+      fill(blk, i * B, (i + 1) * B);
+      if (B > 1) fwht_block(blk, B);
+      if (per_row == 1) finish(int64_t(0), blk, int64_t(0), B);
+    }
+  });
+  if (per_row == 1) return;
+  const int64_t m = per_row;  // as in fwht(): stages B, 2B, ... across the rows
+  const int64_t W = fused_strip_width(d);
+  const int64_t strips = B / W;
+  parallel_range(strips, threads, [&](int64_t a, int64_t b) {
+    for (int64_t s = a; s < b; ++s) {
+      float* col = buf + s * W;
+      int64_t h = 1;
+      while (h < m) {
+        const bool two = 2 * h < m;
+        sweep(col, m, h, two, B, W);
+        h *= two ? 4 : 2;
+      }
+      for (int64_t r = 0; r < m; ++r) finish(s, col + r * B, r * B + s * W, W);
+    }
+  });
+}
+
+// THC's rotation: the padded input (x[i] / norm)·s_i (zeros past n) written inside the
+// first pass, transformed into buf[0 .. d); with `enc`, each run is encoded (encode_run)
+// in the last pass, and buf is scratch. Returns the clamped count (0 without `enc`).
 int64_t thc_rotate(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0, uint32_t sk1,
                    float* buf, int threads, const EncodeArgs* enc) {
-  const int64_t cache_elems = (256 * 1024) / static_cast<int64_t>(sizeof(float));
-  const int64_t B = std::min<int64_t>(d, cache_elems);
-  const int64_t per_row = d / B;
-  std::vector<int64_t> counts;
-  auto fill = [&](float* out, int64_t lo, int64_t hi) {  // elements lo .. hi of the input
+  auto fill = [&](float* out, int64_t lo, int64_t hi) {
     const int64_t mid = std::max(lo, std::min(hi, n));
     if (lo % 8 == 0) {
       lanes8(lo, mid,
@@ -481,45 +508,44 @@ int64_t thc_rotate(const float* x, int64_t n, int64_t d, float norm, uint32_t sk
              },
              [&](int64_t i) { out[i - lo] = flip(x[i] / norm, sign_mask(i, sk0, sk1)); });
     } else {
-      for (int64_t i = lo; i < mid; ++i) out[i - lo] = flip(x[i] / norm, sign_mask(i, sk0, sk1));
+      for (int64_t i = lo; i < mid; ++i)
+        out[i - lo] = flip(x[i] / norm, sign_mask(i, sk0, sk1));
     }
     if (hi > mid) std::memset(out + (mid - lo), 0, static_cast<size_t>(hi - mid) * sizeof(float));
   };
-  if (per_row == 1 && enc) counts.assign(1, 0);
-  parallel_range(per_row, threads, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) {
-      float* blk = buf + i * B;
-      fill(blk, i * B, (i + 1) * B);
-      if (B > 1) fwht_block(blk, B);
-      if (per_row == 1 && enc) counts[0] = encode_any(blk, 0, B, *enc);
-    }
+  std::vector<int64_t> counts(static_cast<size_t>(fused_slots(d)), 0);
+  fused_fwht(buf, d, threads, fill, [&](int64_t slot, float* p, int64_t i0, int64_t len) {
+    if (enc) counts[static_cast<size_t>(slot)] += encode_any(p, i0, len, *enc);
   });
-  if (per_row > 1) {
-    const int64_t m = per_row;
-    const int64_t W = std::min<int64_t>(B, std::max<int64_t>(64 / sizeof(float) * 4,
-                                                             cache_elems / m));
-    const int64_t strips = B / W;
-    if (enc) counts.assign(static_cast<size_t>(strips), 0);
-    parallel_range(strips, threads, [&](int64_t a, int64_t b) {
-      for (int64_t s = a; s < b; ++s) {
-        float* col = buf + s * W;
-        int64_t h = 1;
-        while (h < m) {
-          const bool two = 2 * h < m;
-          sweep(col, m, h, two, B, W);
-          h *= two ? 4 : 2;
-        }
-        if (enc) {
-          int64_t c = 0;
-          for (int64_t r = 0; r < m; ++r) c += encode_any(col + r * B, r * B + s * W, W, *enc);
-          counts[static_cast<size_t>(s)] = c;
-        }
-      }
-    });
-  }
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   return total;
+}
+
+// THC's decompression (thc.py RotatedGrid.decode with a scalar count, no lost chunks):
+// out[i] = float(total[i])·a + b (thc.py _affine: a = scale/divisor, b = offset·count /
+// divisor, both rounded to float32 as torch rounds a python scalar) written inside the
+// first pass, the FWHT, and the sign flip of the kept elements i < n inside the last.
+template <typename I>
+void thc_decode(const I* total, int64_t d, int64_t n, float a, float b, uint32_t sk0,
+                uint32_t sk1, float* out, int threads) {
+  auto fill = [&](float* o, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      float v = static_cast<float>(total[i]) * a;
+      o[i - lo] = v + b;
+    }
+  };
+  fused_fwht(out, d, threads, fill, [&](int64_t, float* p, int64_t i0, int64_t len) {
+    const int64_t keep = std::min(len, n - i0);
+    if (keep <= 0) return;
+    if (i0 % 8 == 0) {
+      lanes8(0, keep,
+             [&](int64_t k) { vstore(p + k, flip(load8(p + k), sign_mask8(i0 + k, sk0, sk1))); },
+             [&](int64_t k) { p[k] = flip(p[k], sign_mask(i0 + k, sk0, sk1)); });
+    } else {
+      for (int64_t k = 0; k < keep; ++k) p[k] = flip(p[k], sign_mask(i0 + k, sk0, sk1));
+    }
+  });
 }
 
 // THC's uniform (Algorithm 1) quantisation with the stream's noise, as the torch path
@@ -571,10 +597,6 @@ void gc_thc_rng_fill(int64_t start, int64_t n, uint32_t k0, uint32_t k1, int kin
                      int threads) {
   rng_fill(start, n, k0, k1, kind, out, threads);
 }
-void gc_thc_rotate_input_f32(const float* x, int64_t n, int64_t padded, float norm, uint32_t k0,
-                             uint32_t k1, float* out, int threads) {
-  thc_rotate_input(x, n, padded, norm, k0, k1, out, threads);
-}
 void gc_thc_apply_signs_f32(float* x, int64_t n, uint32_t k0, uint32_t k1, int threads) {
   thc_apply_signs(x, n, k0, k1, threads);
 }
@@ -592,6 +614,18 @@ int64_t gc_thc_encode_hash_f32(const float* x, int64_t n, int threads, float t, 
 void gc_thc_rotate_f32(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0,
                        uint32_t sk1, float* buf, int threads) {
   thc_rotate(x, n, d, norm, sk0, sk1, buf, threads, nullptr);
+}
+// Decompression of summed values (value_bytes 1: uint8, 4: int32, 8: int64) into out[0 .. d)
+// (the kept elements i < n sign-flipped).
+void gc_thc_decode_f32(const void* total, int value_bytes, int64_t d, int64_t n, float a,
+                       float b, uint32_t sk0, uint32_t sk1, float* out, int threads) {
+  switch (value_bytes) {
+    case 4: thc_decode(static_cast<const int32_t*>(total), d, n, a, b, sk0, sk1, out, threads);
+            break;
+    case 8: thc_decode(static_cast<const int64_t*>(total), d, n, a, b, sk0, sk1, out, threads);
+            break;
+    default: thc_decode(static_cast<const uint8_t*>(total), d, n, a, b, sk0, sk1, out, threads);
+  }
 }
 // Rotation and encoding in two passes over buf (scratch); outputs as gc_thc_encode_hash_f32.
 int64_t gc_thc_rotate_encode_f32(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0,

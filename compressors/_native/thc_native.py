@@ -25,13 +25,13 @@ _declared: set[int] = set()
 
 _SIGNATURES = {
     "gc_thc_rng_fill": ([_I64, _I64, _U32, _U32, _INT, _P, _INT], None),
-    "gc_thc_rotate_input_f32": ([_P, _I64, _I64, _F, _U32, _U32, _P, _INT], None),
     "gc_thc_apply_signs_f32": ([_P, _I64, _U32, _U32, _INT], None),
     "gc_thc_encode_hash_f32": ([_P, _I64, _INT, _F, _F, _F, _P, _INT, _P, _P, _U32, _U32, _P,
                                 _P, _INT], _I64),
     "gc_thc_rotate_f32": ([_P, _I64, _I64, _F, _U32, _U32, _P, _INT], None),
     "gc_thc_rotate_encode_f32": ([_P, _I64, _I64, _F, _U32, _U32, _P, _INT, _F, _F, _F, _P, _INT,
                                   _P, _P, _U32, _U32, _P, _P, _INT], _I64),
+    "gc_thc_decode_f32": ([_P, _INT, _I64, _I64, _F, _F, _U32, _U32, _P, _INT], None),
     "gc_thc_uniform_encode_f32": ([_P, _I64, _INT, _F, _F, _F, _U32, _U32, _P], None),
 }
 VALUE_BYTES = {torch.uint8: 1, torch.int32: 4, torch.int64: 8}
@@ -81,17 +81,6 @@ def rng_fill(n: int, seed: int, kind: int, start: int = 0) -> torch.Tensor:
     return out
 
 
-def rotate_input(x: torch.Tensor, padded: int, norm: float, seed: int) -> torch.Tensor:
-    """A fresh float32 buffer of `padded` elements: (x / norm)·s_i on the first x.numel(),
-    zeros after (x contiguous CPU float32)."""
-    n = x.numel()
-    out = _empty(padded, torch.float32)
-    k0, k1 = words(seed)
-    _lib().gc_thc_rotate_input_f32(x.data_ptr(), n, padded, float(norm), k0, k1,
-                                   out.data_ptr(), threads(padded))
-    return out
-
-
 def apply_signs_(x: torch.Tensor, numel: int, seed: int) -> torch.Tensor:
     """In place: x[i] ·= s_i for i < numel (x contiguous CPU float32)."""
     k0, k1 = words(seed)
@@ -123,8 +112,8 @@ def encode(rotated: torch.Tensor, t_p: float, granularity: int, table: torch.Ten
 def rotate(x: torch.Tensor, padded: int, norm: float, sign_seed: int) -> torch.Tensor:
     """The unnormalised FWHT of the padded RHT input (x / norm)·s_i (zeros past
     x.numel()), in a fresh float32 buffer of `padded` elements: the input is written
-    inside the transform's first (cache-blocked) pass. The same bits as rotate_input
-    followed by the native FWHT."""
+    inside the transform's first (cache-blocked) pass. The same bits as the torch path
+    (zeroed buffer, x / norm, × signs, FWHT)."""
     n = x.numel()
     buf = _empty(padded, torch.float32)
     k0, k1 = words(sign_seed)
@@ -172,6 +161,20 @@ def rotate_encode(x: torch.Tensor, padded: int, norm: float, sign_seed: int, t_p
         None if z is None else z.data_ptr(), None if values is None else values.data_ptr(),
         0 if values is None else VALUE_BYTES[value_dtype])
     return z, values, int(clamped)
+
+
+def decode(total: torch.Tensor, numel: int, a: float, b: float,
+           sign_seed: int) -> torch.Tensor:
+    """THC's decompression in the FWHT's two passes: float(total)·a + b written inside
+    the first, the sign flip of the first `numel` results inside the last; returns those
+    `numel` floats (a view of a fresh padded buffer). `total`: contiguous CPU uint8,
+    int32 or int64 of power-of-two length."""
+    d = total.numel()
+    out = _empty(d, torch.float32)
+    k0, k1 = words(sign_seed)
+    _lib().gc_thc_decode_f32(total.data_ptr(), VALUE_BYTES[total.dtype], d, numel, float(a),
+                             float(b), k0, k1, out.data_ptr(), threads(d))
+    return out[:numel]
 
 
 def uniform_encode(x: torch.Tensor, lo: float, step: float, levels: int,
