@@ -132,6 +132,25 @@ def _mean_over_steps(name: str, xs: list[torch.Tensor], steps: int, **params):
     return aggs.mean(0), aggs.std(0) / math.sqrt(steps), max(clamped)
 
 
+def test_table_rounding_with_the_hashed_noise_is_unbiased():
+    """E[T[z]] = v for values across every interval of the table: 4000 copies of them
+    rounded in one call, each copy against other positions of the counter-hash stream."""
+    table = torch.tensor(thc_table.get_table(4, 30, 1 / 32), dtype=torch.float32)
+    v = torch.linspace(0, 30, 241)
+    trials = 4000
+    gen = torch.Generator().manual_seed(8)
+    tiled = v.repeat(trials)  # copy t at positions t·241 … t·241 + 240
+    z = table_encode(tiled.clone(), table, gen).view(trials, -1)
+    estimate = table.double()[z.long()].mean(0)
+    lo = table[(table[None, :] <= v[:, None]).sum(1).sub(1).clamp(0, 14)].double()
+    gap = table[1:][(table[None, :] <= v[:, None]).sum(1).sub(1).clamp(0, 14)].double() - lo
+    frac = (v.double() - lo) / gap
+    stderr = gap * (frac * (1 - frac)).sqrt() / math.sqrt(trials)
+    z_score = (estimate - v.double()).abs() / stderr.clamp_min(1e-9)
+    assert float(z_score.max()) < 5, float(z_score.max())
+    assert bool(((estimate - v.double()).abs() < 1e-6)[frac == 0].all())  # on a table value
+
+
 def test_thc_uniform_protocol_is_unbiased():
     gen = torch.Generator().manual_seed(2)
     xs = [torch.randn(48, generator=gen), torch.randn(48, generator=gen)]
