@@ -8,6 +8,11 @@
 //   gc_select_*   positions (and optionally |x|) of {|x| ≥ t} (or > t), ascending: one
 //                 read pass; each thread appends its hits to its own growing buffer, the
 //                 caller then allocates the exact-size output and gc_take copies into it.
+//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} with |x| in the
+//                 same read (SIDCo's pools); dense pools are written branch-free.
+//   gc_gather_abs_*  |x[pos]| for a random sample of positions (DGC/DRAGONN), prefetched.
+// float32 inputs are compared (and |x|, max, min taken) in float32 lanes; only sums are
+// widened to double.
 // Comparisons are done in the input's precision with the threshold rounded to it, as
 // torch does for `tensor >= python_float`, so selections equal torch's bit for bit.
 // Sums are accumulated in double over fixed blocks of BLOCK elements and the block
