@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 import compressors
 from compressors import Segment, Session
-from compressors.session import mix_seed
+from compressors.session import all_finite, mix_seed
 from compressors.multiplex import multiplex
 from repro.costmodel import EfficiencySelector
 from repro.distributed import run_async
@@ -122,7 +122,7 @@ class WorkerCompression:
         finiteness is checked once on it, and per tensor only if it fails (to name the
         tensor in the error)."""
         checked = (self.check_finite and buffer is not None
-                   and bool(torch.isfinite(buffer).all()))
+                   and all_finite(buffer))
         gens, flags = [], []
         for name, g in named:
             if self.compress_tensor(g.numel()):

@@ -147,3 +147,19 @@ def test_mstopk_native_search_equals_the_reference(monkeypatch, kind, ratio):
     assert torch.equal(fast.sent.indices, slow.sent.indices)
     assert fast.sent.indices.numel() <= max(1, int(n * ratio))
     assert fast.extra == slow.extra
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 9, 2 * _native.MIN_PER_THREAD + 37])
+def test_all_finite_finds_every_nan_and_inf(dtype, n):
+    x = _laplace(n, seed=2, dtype=dtype)
+    assert _native.all_finite(x)
+    big = torch.finfo(dtype).max
+    x[n // 2] = big  # the largest finite value is finite
+    assert _native.all_finite(x)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        for pos in {0, n // 3, n - 1}:
+            y = x.clone()
+            y[pos] = bad
+            assert not _native.all_finite(y), (bad, pos)

@@ -136,6 +136,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         f = getattr(lib, f"gc_gather_abs_{suffix}")
         f.argtypes = [ptr, _P, _C_INT64, ctypes.c_int, ptr]
         f.restype = None
+        f = getattr(lib, f"gc_all_finite_{suffix}")
+        f.argtypes = [ptr, _C_INT64, ctypes.c_int]
+        f.restype = ctypes.c_int
         f = getattr(lib, f"gc_select_take_{suffix}")
         f.argtypes = [_P, _P, _P, _P]
         f.restype = None
@@ -288,6 +291,12 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     if above is not None:
         st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
     return st, idx, val
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """bool(torch.isfinite(x).all()) in one read pass with no bool buffer."""
+    n = x.numel()
+    return bool(_fn("gc_all_finite", x)(x.data_ptr(), n, _threads(n)))
 
 
 def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -623,6 +623,28 @@ void gather_abs(const T* x, const int64_t* pos, int64_t s, int threads, T* out) 
   });
 }
 
+// Whether every element is finite (no NaN, no ±Inf): exponent bits not all ones, tested
+// on the integer bits in 8 lanes; one read, nothing written, stops at the first block
+// that holds a non-finite value.
+template <typename T>
+int all_finite(const T* x, int64_t n, int threads) {
+  typedef typename std::conditional<sizeof(T) == 4, uint32_t, uint64_t>::type U;
+  const U expo = sizeof(T) == 4 ? U(0x7F800000u) : U(0x7FF0000000000000ull);
+  std::vector<int> ok(std::max(1, threads), 1);
+  parallel_blocks(n, threads, [&](int64_t b0, int64_t b1, int tid) {
+    for (int64_t b = b0; b < b1 && ok[tid]; ++b) {
+      const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
+      const U* u = reinterpret_cast<const U*>(x);
+      U bad = 0;  // any lane whose exponent field is all ones
+      for (int64_t i = lo; i < hi; ++i) bad |= ((u[i] & expo) == expo);
+      if (bad) ok[tid] = 0;
+    }
+  });
+  for (int v : ok)
+    if (!v) return 0;
+  return 1;
+}
+
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
@@ -670,6 +692,9 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   }                                                                                           \
   void gc_gather_abs_##SUFFIX(const T* x, const int64_t* pos, int64_t s, int threads, T* out) { \
     gather_abs<T>(x, pos, s, threads, out);                                                   \
+  }                                                                                           \
+  int gc_all_finite_##SUFFIX(const T* x, int64_t n, int threads) {                           \
+    return all_finite<T>(x, n, threads);                                                      \
   }                                                                                           \
   void gc_select_take_##SUFFIX(void* h, int64_t* idx, int32_t* idx32, T* val) {              \
     select_take<T>(h, idx, idx32, val);                                                       \
