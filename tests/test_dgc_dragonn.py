@@ -68,7 +68,7 @@ def test_dgc_retopk_selects_exact_topk_among_candidates():
     numel, ratio = 100_000, 0.01
     group = SimulatedGroup(DGC(ratio=ratio, max_overselect=1.0), 1, feedback="none", seed=1)
     retopk_seen = 0
-    for step in range(8):
+    for step in range(16):
         g = torch.randn(numel, generator=torch.Generator().manual_seed(step))
         (o,) = group.step([g], step=step)
         mag = g.abs()
@@ -83,7 +83,8 @@ def test_dgc_retopk_selects_exact_topk_among_candidates():
         else:
             threshold = o.extra["threshold"]
             assert torch.equal(chosen.sort().values, flat_nonzero(mag >= threshold))
-    assert retopk_seen >= 2  # with max_overselect = 1 about half the steps overselect
+    # With max_overselect = 1 about half the steps overselect (0.47 over 300 steps).
+    assert 2 <= retopk_seen <= 14
 
 
 def test_dgc_selection_is_threshold_set_and_dominates_the_rest():

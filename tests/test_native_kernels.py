@@ -163,3 +163,36 @@ def test_all_finite_finds_every_nan_and_inf(dtype, n):
             y = x.clone()
             y[pos] = bad
             assert not _native.all_finite(y), (bad, pos)
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("n", [1, 1000, 300_001])
+def test_sample_abs_reads_the_hashed_positions(dtype, n):
+    from compressors.thc import counter_hash, seed_words
+
+    x = _laplace(n, seed=6, dtype=dtype)
+    seed = 0x1234_5678_9ABC_DEF0
+    for s in (1, 17, 70_000):
+        positions = (counter_hash(torch.arange(s), seed) * n) >> 32
+        assert int(positions.max()) < n and int(positions.min()) >= 0
+        assert torch.equal(_native.sample_abs(x, s, *seed_words(seed)),
+                           x.index_select(0, positions).abs())
+
+
+def test_hashed_sample_positions_are_uniform():
+    # DGC's CPU sample positions p_i = (h(i)·d) >> 32: a chi-square test over 64 equal
+    # bins of [0, d) and a test that the draws of two seeds are unrelated; a position
+    # stream that ignored the high bits of h or repeated across seeds would fail them.
+    from compressors.thc import counter_hash
+
+    d, s, bins = 26_000_003, 640_000, 64
+    p = (counter_hash(torch.arange(s), 99) * d) >> 32
+    counts = torch.bincount(p * bins // d, minlength=bins).double()
+    chi2 = float(((counts - s / bins) ** 2 / (s / bins)).sum())
+    assert chi2 < 120, chi2  # 63 degrees of freedom: P(chi2 > 120) < 1e-4
+    q = (counter_hash(torch.arange(s), 100) * d) >> 32
+    same = float((p == q).double().mean())
+    assert same < 1e-3
+    corr = torch.corrcoef(torch.stack([p.double(), q.double()]))[0, 1]
+    assert abs(float(corr)) < 0.01

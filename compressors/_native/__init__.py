@@ -136,6 +136,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         f = getattr(lib, f"gc_gather_abs_{suffix}")
         f.argtypes = [ptr, _P, _C_INT64, ctypes.c_int, ptr]
         f.restype = None
+        f = getattr(lib, f"gc_sample_abs_{suffix}")
+        f.argtypes = [ptr, _C_INT64, _C_INT64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ptr]
+        f.restype = None
         f = getattr(lib, f"gc_all_finite_{suffix}")
         f.argtypes = [ptr, _C_INT64, ctypes.c_int]
         f.restype = ctypes.c_int
@@ -297,6 +300,20 @@ def all_finite(x: torch.Tensor) -> bool:
     """bool(torch.isfinite(x).all()) in one read pass with no bool buffer."""
     n = x.numel()
     return bool(_fn("gc_all_finite", x)(x.data_ptr(), n, _threads(n)))
+
+
+def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
+    """|x[p_i]| for i < s, p_i = (h(i)·n) >> 32 with the counter hash keyed by the 32-bit
+    words (k0, k1) (compressors.thc.counter_hash; n = x.numel() < 2^31): a uniform sample
+    with replacement drawn and read in one pass, no positions tensor."""
+    n = x.numel()
+    if n >= 1 << 31:
+        raise ValueError("sample_abs needs fewer than 2^31 elements")
+    out = torch.empty(s, dtype=x.dtype)
+    if s:
+        threads = max(1, min(torch.get_num_threads(), s // (1 << 14)))
+        _fn("gc_sample_abs", x)(x.data_ptr(), n, s, k0, k1, threads, out.data_ptr())
+    return out
 
 
 def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -92,6 +92,28 @@ inline v8f vabs8(v8f a) {
 }
 inline v8f load8(const float* p) { v8f v; std::memcpy(&v, p, sizeof v); return v; }
 
+// The counter-based random stream shared by THC (thc_kernels.cpp) and DGC/DRAGONN's
+// threshold sample (kernels.cpp); compressors/thc.py counter_hash is its torch twin.
+// h(i) = mix(mix(lo32(i) ^ k0) ^ k1 ^ hi32(i)) for the seed words (k0, k1), mix = the
+// "lowbias32" finaliser (both multipliers < 2^31: the torch version's int64 products
+// never overflow).
+constexpr uint32_t HASH_MUL1 = 0x21f0aaadu;
+constexpr uint32_t HASH_MUL2 = 0x735a2d97u;
+
+inline uint32_t mix32(uint32_t x) {
+  x ^= x >> 16;
+  x *= HASH_MUL1;
+  x ^= x >> 15;
+  x *= HASH_MUL2;
+  x ^= x >> 15;
+  return x;
+}
+
+inline uint32_t counter_hash(uint64_t i, uint32_t k0, uint32_t k1) {
+  const uint32_t a = mix32(static_cast<uint32_t>(i) ^ k0);
+  return mix32(a ^ k1 ^ static_cast<uint32_t>(i >> 32));
+}
+
 // Bit l set where lane l of a comparison result is true.
 inline int mask8(v8i m) {
 #if defined(__AVX__)

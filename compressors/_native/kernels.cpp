@@ -623,6 +623,24 @@ void gather_abs(const T* x, const int64_t* pos, int64_t s, int threads, T* out) 
   });
 }
 
+// DGC/DRAGONN's threshold sample without a positions tensor: out[i] = |x[p_i]| with
+// p_i = (h(i)·n) >> 32 (h: the counter hash keyed by k0, k1; n < 2^31, so the torch twin
+// in compressors/dgc.py computes the same p_i in int64). The reads are cache misses: the
+// position PREFETCH draws ahead is computed and prefetched first.
+template <typename T>
+void sample_abs(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1, int threads,
+                T* out) {
+  constexpr int64_t PREFETCH = 16;
+  const uint64_t un = static_cast<uint64_t>(n);
+  parallel_range(s, threads, [&](int64_t a, int64_t b) {
+    for (int64_t i = a; i < b; ++i) {
+      if (i + PREFETCH < b)
+        __builtin_prefetch(x + ((uint64_t(counter_hash(i + PREFETCH, k0, k1)) * un) >> 32));
+      out[i] = std::fabs(x[(uint64_t(counter_hash(i, k0, k1)) * un) >> 32]);
+    }
+  });
+}
+
 // Whether every element is finite (no NaN, no ±Inf): exponent bits not all ones, tested
 // on the integer bits in 8 lanes; one read, nothing written, stops at the first block
 // that holds a non-finite value.
@@ -692,6 +710,10 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   }                                                                                           \
   void gc_gather_abs_##SUFFIX(const T* x, const int64_t* pos, int64_t s, int threads, T* out) { \
     gather_abs<T>(x, pos, s, threads, out);                                                   \
+  }                                                                                           \
+  void gc_sample_abs_##SUFFIX(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1,     \
+                              int threads, T* out) {                                          \
+    sample_abs<T>(x, n, s, k0, k1, threads, out);                                             \
   }                                                                                           \
   int gc_all_finite_##SUFFIX(const T* x, int64_t n, int threads) {                           \
     return all_finite<T>(x, n, threads);                                                      \

@@ -179,23 +179,8 @@ void thc_encode(const float* x, const float* noise, int64_t n, int threads, floa
 // thread count or on how the range is split.
 // The loops run on 8 lanes of 32-bit words (vector extensions: AVX2 where the CPU has
 // it); every range starts at a multiple of BLOCK, so 8 consecutive indices share hi32(i).
-constexpr uint32_t HASH_MUL1 = 0x21f0aaadu;
-constexpr uint32_t HASH_MUL2 = 0x735a2d97u;
+// (The scalar mix32 / counter_hash live in common.h: DGC's sample uses them too.)
 typedef uint32_t v8u __attribute__((vector_size(32)));
-
-inline uint32_t mix32(uint32_t x) {
-  x ^= x >> 16;
-  x *= HASH_MUL1;
-  x ^= x >> 15;
-  x *= HASH_MUL2;
-  x ^= x >> 15;
-  return x;
-}
-
-inline uint32_t counter_hash(uint64_t i, uint32_t k0, uint32_t k1) {
-  const uint32_t a = mix32(static_cast<uint32_t>(i) ^ k0);
-  return mix32(a ^ k1 ^ static_cast<uint32_t>(i >> 32));
-}
 
 inline v8u mix32(v8u x) {
   x ^= x >> 16;
