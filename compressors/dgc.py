@@ -125,9 +125,10 @@ def sample_threshold(
     if sample.device.type == "cpu":
         # The top-th largest (= the minimum of the top `top`) by a selection in place:
         # numpy's introselect, about twice as fast as torch.topk here.
-        values = sample.numpy()
+        values = sample.numpy()  # a fresh tensor: partitioned in place
         at = values.size - top
-        threshold = torch.tensor(np.partition(values, at)[at], dtype=sample.dtype)
+        values.partition(at)
+        threshold = torch.tensor(values[at], dtype=sample.dtype)
     else:
         threshold = torch.topk(sample, top, sorted=False).values.min()
     tiny = torch.nextafter(

@@ -320,8 +320,8 @@ class MSTopK(ThresholdSparsifier):
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         if use_native(acc) and acc.dtype == torch.float32:
             # The same search on fused passes: counts by gc_count, the probe set compacted
-            # by gc_pool (strictly above the new lower bound: every later candidate lies
-            # above it, so no count changes), the selection by gc_select.
+            # by gc_pool to {|x| ≥ the new lower bound} (as the torch path: a later probe
+            # may round to the same float32 as the bound), the selection by gc_select.
             st = _native.stats(acc, extremes=True)
             mean_f = st.sum / st.count
             if st.max == 0.0:
@@ -332,7 +332,7 @@ class MSTopK(ThresholdSparsifier):
                     k, ctx, acc, mean_f, st.max, 1.0,
                     count_fn=lambda pool, t: (_native.count(pool, t), None),
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
-                        pool, t, dense=keep > 0.02)[2],
+                        pool, t, dense=keep > 0.02, strict=False)[2],
                     select_fn=lambda t: native_select(acc, t))
         mag = magnitudes(acc)
         max_f = float(mag.max())

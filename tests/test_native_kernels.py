@@ -196,3 +196,83 @@ def test_hashed_sample_positions_are_uniform():
     assert same < 1e-3
     corr = torch.corrcoef(torch.stack([p.double(), q.double()]))[0, 1]
     assert abs(float(corr)) < 0.01
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(12))
+def test_mstopk_native_keeps_ties_at_the_lower_bound(monkeypatch, seed):
+    # Found in review: late bisection probes round to the same float32 as the lower
+    # bound; a probe set shrunk to {|x| > bound} had dropped the elements tied at it, so
+    # the native search accepted a probe whose true count exceeds k and sent 100 > k = 70.
+    g = torch.Generator().manual_seed(seed)
+    below = float(torch.tensor(0.5).nextafter(torch.tensor(0.0)))
+    x = torch.cat([torch.rand(900, generator=g) * 1e-3, torch.full((200,), below),
+                   torch.full((60,), 0.5), 0.6 + 0.4 * torch.rand(40, generator=g)])
+    x = x[torch.randperm(x.numel(), generator=g)].contiguous()
+    ratio = 70 / x.numel()
+    fast = _run("mstopk", [x], ratio)[0]
+    with monkeypatch.context() as m:
+        m.setenv("GRADCOMP_NATIVE", "0")
+        slow = _run("mstopk", [x], ratio)[0]
+    assert fast.sent.indices.numel() <= 70
+    assert torch.equal(fast.sent.indices, slow.sent.indices)
+    assert fast.extra == slow.extra
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 33, 65_541, 2 * _native.MIN_PER_THREAD + 37])
+def test_exceedance_sums_match_float64_torch(n):
+    # The float32 fast path for count and Σ(|x| − t) over {|x| > t} against float64 sums.
+    x = _laplace(n, seed=n)
+    a = x.abs().double()
+    for q in (0.0, 0.5, 0.99):
+        t = float(torch.tensor(float(a.quantile(q)) if n > 1 else 0.0, dtype=torch.float32))
+        st = _native.stats(x, above=t, shift=t)
+        keep = a > t
+        assert st.count == int(keep.sum())
+        assert st.sum == pytest.approx(float((a[keep] - t).sum()), rel=1e-12, abs=1e-300)
+
+
+@needs_native
+def test_pool_ge_and_gt_differ_only_at_ties():
+    x = torch.tensor([0.5, -0.5, 0.25, 0.75, -1.0] * 20_000, dtype=torch.float32)
+    _, gt, _ = _native.pool(x, 0.5, dense=True)
+    _, ge, vals = _native.pool(x, 0.5, dense=True, strict=False)
+    assert torch.equal(gt, torch.nonzero(x.abs() > 0.5).squeeze(1))
+    assert torch.equal(ge, torch.nonzero(x.abs() >= 0.5).squeeze(1))
+    assert torch.equal(vals, x.abs()[ge])
+    with pytest.raises(TypeError, match="contiguous CPU float32"):
+        _native.pool(x[::2], 0.5)
+
+
+@needs_native
+def test_portable_build_without_march_native_gives_the_same_results(tmp_path, monkeypatch):
+    # The library is built with -march=native and, if that fails, without it (generic
+    # x86-64: no AVX, the scalar/vector-extension fallbacks). Build the fallback here and
+    # check it selects and counts what the native build does.
+    import ctypes
+    import subprocess
+
+    cmd = [_native._compiler(), *_native._BASE_FLAGS,
+           *(str(_native.HERE / s) for s in _native.SOURCES), "-o", str(tmp_path / "p.so")]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    portable = ctypes.CDLL(str(tmp_path / "p.so"))
+    _native._declare(portable)
+    x = _laplace(2 * _native.MIN_PER_THREAD + 37, seed=9)
+    t = float(x.abs().quantile(0.95))
+
+    def results():
+        return (_native.count(x, t), _native.select(x, t, values=True),
+                _native.pool(x, t, above=t / 2, shift=t / 2, dense=True),
+                _native.stats(x, squares=True, extremes=True), _native.all_finite(x),
+                _native.sample_abs(x, 5000, 3, 4))
+
+    expected = results()
+    monkeypatch.setattr(_native, "_lib", portable)
+    got = results()
+    assert got[0] == expected[0]
+    assert all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
+    assert got[2][0] == expected[2][0]
+    assert torch.equal(got[2][1], expected[2][1]) and torch.equal(got[2][2], expected[2][2])
+    assert got[3] == expected[3] and got[4] == expected[4]
+    assert torch.equal(got[5], expected[5])

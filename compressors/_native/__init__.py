@@ -147,7 +147,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.restype = None
     lib.gc_pool_begin_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_double,
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_double, ctypes.c_int, _C_INT64, _P,
+                                      ctypes.c_double, ctypes.c_int, ctypes.c_int, _C_INT64, _P,
                                       ctypes.POINTER(_C_INT64)]
     lib.gc_pool_begin_f32.restype = _P
     lib.gc_abi_version.restype = ctypes.c_int
@@ -269,21 +269,23 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
 
 def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0.0,
          squares: bool = False, extremes: bool = False, dense: bool = False, reserve: int = 0,
-         ) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
-    """float32 only. Ascending positions (int64) and |x| of {|x| > t} (the next "pool"),
+         strict: bool = True) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
+    """float32 only. Ascending positions (int64) and |x| of {|x| > t} ({|x| ≥ t} when not
+    `strict`) (the next "pool"),
     and, when `above` is given, in the same read the statistics `stats(x, above, shift,
     squares, extremes)` would return (bit for bit: the same per-block partials; nonzeros
     count only with `extremes`, no logs). `dense`: more than a few percent are expected to
     pass (the hits are written branch-free). One read pass of x."""
-    if x.dtype != torch.float32:
-        raise TypeError(f"pool() takes float32 tensors, got {x.dtype}")
+    if x.dtype != torch.float32 or not supports(x):
+        raise TypeError(f"pool() takes contiguous CPU float32 tensors, got {x.dtype} on "
+                        f"{x.device} (contiguous: {x.is_contiguous()})")
     n = x.numel()
     out = (ctypes.c_double * 7)()
     total = _C_INT64(0)
     flags = (1 if squares else 0) | (2 if extremes else 0)
     handle = load().gc_pool_begin_f32(
         x.data_ptr(), n, _threads(n), 0.0 if above is None else float(above), float(shift),
-        flags, int(above is not None), float(t), int(dense), int(reserve), out,
+        flags, int(above is not None), float(t), int(strict), int(dense), int(reserve), out,
         ctypes.byref(total))
     if not handle:
         raise MemoryError("native pool could not allocate its buffers")
@@ -307,6 +309,8 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
     words (k0, k1) (compressors.thc.counter_hash; n = x.numel() < 2^31): a uniform sample
     with replacement drawn and read in one pass, no positions tensor."""
     n = x.numel()
+    if not supports(x):
+        raise TypeError("sample_abs() takes a contiguous CPU float32/float64 tensor")
     if n >= 1 << 31:
         raise ValueError("sample_abs needs fewer than 2^31 elements")
     out = torch.empty(s, dtype=x.dtype)
@@ -319,6 +323,9 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
 def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """|x[positions]| (x's dtype; positions int64, contiguous, in [0, x.numel()) — not
     checked): x.index_select(0, positions).abs() with the random reads overlapped."""
+    if not supports(x) or positions.dtype != torch.int64 or not positions.is_contiguous():
+        raise TypeError("gather_abs() takes a contiguous CPU float32/float64 tensor and "
+                        "contiguous int64 positions")
     s = positions.numel()
     out = torch.empty(s, dtype=x.dtype)
     if s:

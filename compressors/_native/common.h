@@ -17,7 +17,7 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
-#if defined(__AVX2__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 

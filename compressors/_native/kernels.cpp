@@ -8,7 +8,7 @@
 //   gc_select_*   positions (and optionally |x|) of {|x| ≥ t} (or > t), ascending: one
 //                 read pass; each thread appends its hits to its own growing buffer, the
 //                 caller then allocates the exact-size output and gc_take copies into it.
-//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} with |x| in the
+//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥) with |x| in the
 //                 same read (SIDCo's pools); dense pools are written branch-free.
 //   gc_gather_abs_*  |x[pos]| for a random sample of positions (DGC/DRAGONN), prefetched.
 // float32 inputs are compared (and |x|, max, min taken) in float32 lanes; only sums are
@@ -518,6 +518,7 @@ struct PermTable {
 const PermTable perm_table;
 #endif
 
+template <bool STRICT>
 void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<float>& out) {
   out.ensure(out.size + (hi - lo) + 16);
   int64_t k = out.size;
@@ -533,7 +534,7 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
     const __m256i eight = _mm256_set1_epi32(8);
     for (; i + 8 <= hi; i += 8) {
       const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
-      const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, tv, _CMP_GT_OQ));
+      const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, tv, STRICT ? _CMP_GT_OQ : _CMP_GE_OQ));
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
       _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
       const __m256i q = _mm256_permutevar8x32_epi32(pos, p);
@@ -550,13 +551,13 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
     const float a = std::fabs(x[i]);
     idx[k] = i;
     val[k] = a;
-    k += a > tt;
+    k += STRICT ? (a > tt) : (a >= tt);
   }
   out.size = k;
 }
 
 void* pool_begin(const float* x, int64_t n, int threads, double above, double shift, int flags,
-                 int want_stats, double pool_t, int dense, int64_t reserve, double* out,
+                 int want_stats, double pool_t, int strict, int dense, int64_t reserve, double* out,
                  int64_t* total) {
   auto* sel = new (std::nothrow) Selection<float>();
   if (!sel) return nullptr;
@@ -583,10 +584,13 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
             else block_stats<float, false, false, false>(x + lo, hi - lo, abv, shift, part[b]);
           }
         }
-        if (dense)
-          compact_block_dense(x, lo, hi, pt, h);
-        else
-          select_range_f32<true>(x, nullptr, lo, hi, pt, h);
+        if (dense) {
+          if (strict) compact_block_dense<true>(x, lo, hi, pt, h);
+          else compact_block_dense<false>(x, lo, hi, pt, h);
+        } else {
+          if (strict) select_range_f32<true>(x, nullptr, lo, hi, pt, h);
+          else select_range_f32<false>(x, nullptr, lo, hi, pt, h);
+        }
       }
     });
     if (want_stats) {
@@ -689,10 +693,10 @@ int gc_abi_version() { return 1; }
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
-                        int flags, int want_stats, double pool_t, int dense, int64_t reserve,
-                        double* out, int64_t* total) {
-  return pool_begin(x, n, threads, above, shift, flags, want_stats, pool_t, dense, reserve, out,
-                    total);
+                        int flags, int want_stats, double pool_t, int strict, int dense,
+                        int64_t reserve, double* out, int64_t* total) {
+  return pool_begin(x, n, threads, above, shift, flags, want_stats, pool_t, strict, dense, reserve,
+                    out, total);
 }
 
 #define GC_DEFINE(SUFFIX, T)                                                                 \

@@ -27,7 +27,6 @@ inline void vbfly(V& a, V& b) {  // a' = a + b, b' = a' − 2b: the reference's 
 // The stages h < L inside one vector: lane l pairs with lane l ^ h; the lane with bit h
 // set is the "b" of its butterfly. a + b == b + a exactly, so s = x + partner in both.
 inline v8f small_stages(v8f x) {
-  const v8f* dummy = nullptr; (void)dummy;
   typedef int32_t v8i __attribute__((vector_size(32)));
   v8f p, s;
   p = __builtin_shufflevector(x, x, 1, 0, 3, 2, 5, 4, 7, 6);
@@ -345,6 +344,7 @@ int64_t encode_run(const float* p, int64_t i0, int64_t len, const EncodeArgs& e)
     v = v + t;
     v = v * s;
     v = std::min(std::max(v, 0.0f), g);
+    if (!(v >= 0.0f)) v = 0.0f;  // NaN (non-finite input): never index the table with it
     const int32_t j = e.lut[static_cast<int32_t>(v)];
     const float frac = (v - table[j]) / e.gaps[j];
     const int32_t zz = j + (hash_noise(counter_hash(i, e.k0, e.k1)) < frac ? 1 : 0);
