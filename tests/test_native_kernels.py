@@ -276,3 +276,12 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     assert torch.equal(got[2][1], expected[2][1]) and torch.equal(got[2][2], expected[2][2])
     assert got[3] == expected[3] and got[4] == expected[4]
     assert torch.equal(got[5], expected[5])
+
+
+@needs_native
+def test_release_scratch_then_the_kernels_still_work():
+    x = _laplace(2 * _native.MIN_PER_THREAD + 3, seed=1)
+    before = _native.pool(x, 1e-3, dense=True)
+    _native.release_scratch()
+    after = _native.pool(x, 1e-3, dense=True)
+    assert torch.equal(before[1], after[1]) and torch.equal(before[2], after[2])

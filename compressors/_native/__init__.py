@@ -150,6 +150,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int, _C_INT64, _P,
                                       ctypes.POINTER(_C_INT64)]
     lib.gc_pool_begin_f32.restype = _P
+    lib.gc_release_scratch.argtypes = []
+    lib.gc_release_scratch.restype = None
     lib.gc_abi_version.restype = ctypes.c_int
     lib.gc_advise_huge.argtypes = [_P, _C_INT64]
     lib.gc_advise_huge.restype = None
@@ -332,6 +334,18 @@ def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         threads = max(1, min(torch.get_num_threads(), s // (1 << 14)))
         _fn("gc_gather_abs", x)(x.data_ptr(), positions.data_ptr(), s, threads, out.data_ptr())
     return out
+
+
+def release_scratch() -> None:
+    """Give back the scratch memory the kernels keep between calls: the selections' pooled
+    hit buffers (the largest ever used, up to 8) and this thread's THC transform buffer
+    (4 bytes per padded element). The next call allocates afresh."""
+    lib = load()
+    if lib is not None:
+        lib.gc_release_scratch()
+    from compressors._native import thc_native  # noqa: PLC0415 (imports this module)
+
+    thc_native.release_scratch()
 
 
 def empty(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -692,6 +692,14 @@ int gc_abi_version() { return 1; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
+// Frees the scratch buffers kept between calls (they are kept up to POOL_KEEP, the largest
+// ever used: after a very large tensor a process may want the memory back).
+void gc_release_scratch() {
+  std::lock_guard<std::mutex> lock(pool_mutex);
+  for (Buf& b : pool_bufs) std::free(b.p);
+  pool_bufs.clear();
+}
+
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
                         int flags, int want_stats, double pool_t, int strict, int dense,
                         int64_t reserve, double* out, int64_t* total) {
