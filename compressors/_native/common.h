@@ -100,7 +100,9 @@ inline v8f load8(const float* p) { v8f v; std::memcpy(&v, p, sizeof v); return v
 constexpr uint32_t HASH_MUL1 = 0x21f0aaadu;
 constexpr uint32_t HASH_MUL2 = 0x735a2d97u;
 
-inline uint32_t mix32(uint32_t x) {
+// U: a 32-bit word, or a vector of them (thc_kernels.cpp hashes 8 lanes at once).
+template <typename U>
+inline U mix32(U x) {
   x ^= x >> 16;
   x *= HASH_MUL1;
   x ^= x >> 15;

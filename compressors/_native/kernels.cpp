@@ -407,6 +407,24 @@ struct Selection {
 
 // Hits of one stretch, ascending: groups of 8 with no hit (almost all of them at small
 // ratios) are skipped after one vector compare; the others are written branch-free.
+// The hits among x[i, end) appended to `out`, branch-free: every element is written and
+// the end advances only past those that pass.
+template <typename T, bool STRICT>
+inline void write_hits(const T* x, const int64_t* map, int64_t i, int64_t end, T tt,
+                       Hits<T>& out) {
+  out.ensure(out.size + (end - i));
+  int64_t k = out.size;
+  int64_t* idx = out.idx;
+  T* val = out.val;
+  for (int64_t j = i; j < end; ++j) {
+    const T a = std::fabs(x[j]);
+    idx[k] = map ? map[j] : j;
+    if (val) val[k] = a;
+    k += STRICT ? (a > tt) : (a >= tt);
+  }
+  out.size = k;
+}
+
 template <bool STRICT>
 void select_range_f32(const float* x, const int64_t* map, int64_t lo, int64_t hi, float tt,
                       Hits<float>& out) {
@@ -420,17 +438,7 @@ void select_range_f32(const float* x, const int64_t* map, int64_t lo, int64_t hi
       const v8i m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
       if (!mask8(m)) continue;
     }
-    out.ensure(out.size + 16);
-    int64_t k = out.size;
-    int64_t* idx = out.idx;
-    float* val = out.val;
-    for (int64_t j = i; j < end; ++j) {
-      const float a = std::fabs(x[j]);
-      idx[k] = map ? map[j] : j;
-      if (val) val[k] = a;
-      k += STRICT ? (a > tt) : (a >= tt);
-    }
-    out.size = k;
+    write_hits<float, STRICT>(x, map, i, end, tt, out);
   }
 }
 
@@ -452,17 +460,7 @@ void select_range(const T* x, const int64_t* map, int64_t lo, int64_t hi, double
       const v4l m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
       if (!((m[0] | m[1]) | (m[2] | m[3]))) continue;
     }
-    out.ensure(out.size + 8);
-    int64_t k = out.size;
-    int64_t* idx = out.idx;
-    T* val = out.val;
-    for (int64_t j = i; j < end; ++j) {
-      const T a = std::fabs(x[j]);
-      idx[k] = map ? map[j] : j;
-      if (val) val[k] = a;
-      k += STRICT ? (a > tt) : (a >= tt);
-    }
-    out.size = k;
+    write_hits<T, STRICT>(x, map, i, end, tt, out);
   }
 }
 

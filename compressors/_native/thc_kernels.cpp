@@ -85,6 +85,19 @@ inline void sweep(T* x, int64_t rows, int64_t h, bool two, int64_t stride, int64
   }
 }
 
+// Stages 1, 2, 4, ... (in row units) over m rows B elements apart, W wide, two stages per
+// sweep: the cross-block stages of one column strip (rows B apart), or a block's stages
+// from L on (rows of L elements, B = W = L).
+template <typename T>
+inline void strip_stages(T* col, int64_t m, int64_t B, int64_t W) {
+  int64_t h = 1;
+  while (h < m) {
+    const bool two = 2 * h < m;
+    sweep(col, m, h, two, B, W);
+    h *= two ? 4 : 2;
+  }
+}
+
 template <typename T>
 void fwht_scalar(T* x, int64_t n) {
   for (int64_t h = 1; h < n; h *= 2)
@@ -104,13 +117,7 @@ void fwht_block(T* x, int64_t n) {
   for (int64_t i = 0; i < n; i += L) vstore(x + i, small_stages(vload<V>(x + i)));
   // Stages h = L, 2L, ...: rows of L elements, two stages per sweep. In row units the
   // block has n/L rows; stage h elements = h/L rows.
-  const int64_t rows = n / L;
-  int64_t h = 1;
-  while (h < rows) {
-    const bool two = 2 * h < rows;
-    sweep(x, rows, h, two, L, L);
-    h *= two ? 4 : 2;
-  }
+  strip_stages(x, n / L, L, L);
 }
 
 
@@ -130,15 +137,7 @@ void fwht(T* x, int64_t rows, int64_t d, int threads) {
   for (int64_t r = 0; r < rows; ++r) {
     T* base = x + r * d;
     parallel_range(strips, threads, [&](int64_t a, int64_t b) {
-      for (int64_t s = a; s < b; ++s) {
-        T* col = base + s * W;
-        int64_t h = 1;
-        while (h < m) {
-          const bool two = 2 * h < m;
-          sweep(col, m, h, two, B, W);
-          h *= two ? 4 : 2;
-        }
-      }
+      for (int64_t s = a; s < b; ++s) strip_stages(base + s * W, m, B, W);
     });
   }
 }
@@ -178,17 +177,8 @@ void thc_encode(const float* x, const float* noise, int64_t n, int threads, floa
 // thread count or on how the range is split.
 // The loops run on 8 lanes of 32-bit words (vector extensions: AVX2 where the CPU has
 // it); every range starts at a multiple of BLOCK, so 8 consecutive indices share hi32(i).
-// (The scalar mix32 / counter_hash live in common.h: DGC's sample uses them too.)
+// (mix32 and the scalar counter_hash live in common.h: DGC's sample uses them too.)
 typedef uint32_t v8u __attribute__((vector_size(32)));
-
-inline v8u mix32(v8u x) {
-  x ^= x >> 16;
-  x *= HASH_MUL1;
-  x ^= x >> 15;
-  x *= HASH_MUL2;
-  x ^= x >> 15;
-  return x;
-}
 
 // h(i), ..., h(i + 7) for i a multiple of 8.
 inline v8u counter_hash8(uint64_t i, uint32_t k0, uint32_t k1) {
@@ -468,12 +458,7 @@ void fused_fwht(float* buf, int64_t d, int threads, Fill&& fill, Finish&& finish
   parallel_range(strips, threads, [&](int64_t a, int64_t b) {
     for (int64_t s = a; s < b; ++s) {
       float* col = buf + s * W;
-      int64_t h = 1;
-      while (h < m) {
-        const bool two = 2 * h < m;
-        sweep(col, m, h, two, B, W);
-        h *= two ? 4 : 2;
-      }
+      strip_stages(col, m, B, W);
       for (int64_t r = 0; r < m; ++r) finish(s, col + r * B, r * B + s * W, W);
     }
   });
