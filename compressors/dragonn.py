@@ -109,6 +109,13 @@ def hash_slots(hashes: torch.Tensor, m: int) -> torch.Tensor:
     return hashes % m
 
 
+def priority_layout(numel: int) -> tuple[int, int]:
+    """(index bits, priority bits) of the packed (priority, index) int64 that write_slots
+    reduces with amax: the index in the low bits, the top of the hash above it."""
+    index_bits = max(1, (numel - 1).bit_length())
+    return index_bits, min(32, 63 - index_bits)
+
+
 def write_slots(keys: torch.Tensor, m: int, seeds: torch.Tensor, numel: int) -> torch.Tensor:
     """Algorithm 1's memory: m int64 slots, −1 where empty, each non-empty slot holding
     exactly one of `keys` (distinct indices in [0, numel)) that hashed there; among
@@ -119,8 +126,7 @@ def write_slots(keys: torch.Tensor, m: int, seeds: torch.Tensor, numel: int) -> 
     keys = keys.long()
     h = hash32(keys, seeds, wide=numel > 2**32)
     slot = hash_slots(h, m)
-    index_bits = max(1, (numel - 1).bit_length())
-    priority_bits = min(32, 63 - index_bits)
+    index_bits, priority_bits = priority_layout(numel)
     if priority_bits < 32:
         h = h >> (32 - priority_bits)
     priority = h.bitwise_left_shift_(index_bits).bitwise_or_(keys)
@@ -221,9 +227,17 @@ class Dragonn(Compressor):
         else:
             candidates = flat_nonzero(acc.abs() >= threshold)
         seeds = draw_hash_seeds(ctx.generator, acc.device)
-        slots = write_slots(candidates, m, seeds, numel)
-        empty = slots < 0
-        values = acc.index_select(0, slots.clamp(min=0)).masked_fill_(empty, 0)
+        if _native.supports(acc) and numel <= 2**32 and m < 2**31:
+            # The memory write and the value gather in one native loop over the
+            # candidates (the same integer operations as write_slots).
+            slots, values = _native.dragonn_slots(
+                candidates, m, *priority_layout(numel), tuple(seeds.tolist()),
+                acc.reshape(-1))
+            empty = slots < 0
+        else:
+            slots = write_slots(candidates, m, seeds, numel)
+            empty = slots < 0
+            values = acc.index_select(0, slots.clamp(min=0)).masked_fill_(empty, 0)
         wire_indices = slots.to(index_dtype(numel))
         all_idx, all_val = yield (AllGather(wire_indices), AllGather(values))
 

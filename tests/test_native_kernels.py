@@ -285,3 +285,28 @@ def test_release_scratch_then_the_kernels_still_work():
     _native.release_scratch()
     after = _native.pool(x, 1e-3, dense=True)
     assert torch.equal(before[1], after[1]) and torch.equal(before[2], after[2])
+
+
+@needs_native
+@pytest.mark.parametrize("numel, nk, m", [(1, 1, 1), (10, 3, 4), (5000, 700, 400),
+                                          (2**31 + 5, 3000, 2000), (2**32, 50, 64)])
+def test_dragonn_slots_equal_write_slots(numel, nk, m):
+    # Collisions are frequent (nk > m in some cases); for numel > 2^31 the priority keeps
+    # fewer than 32 hash bits. Keys index a smaller stand-in acc (values are read there).
+    from compressors.dragonn import draw_hash_seeds, priority_layout, write_slots
+
+    g = torch.Generator().manual_seed(nk)
+    acc = _laplace(min(numel, 100_003), seed=3)
+    keys = torch.randperm(acc.numel(), generator=g)[:nk].sort().values
+    large = numel > acc.numel()
+    if large:  # keys spread over the large index range; no values read
+        keys = (keys * (numel // acc.numel())).unique()
+    for _ in range(3):
+        seeds = draw_hash_seeds(g)
+        ref = write_slots(keys, m, seeds, numel)
+        slots, values = _native.dragonn_slots(keys, m, *priority_layout(numel),
+                                              tuple(seeds.tolist()), acc, values=not large)
+        assert torch.equal(slots, ref)
+        if not large:
+            assert torch.equal(values,
+                               acc.index_select(0, ref.clamp(min=0)).masked_fill_(ref < 0, 0))

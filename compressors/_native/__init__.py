@@ -139,6 +139,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         f = getattr(lib, f"gc_sample_abs_{suffix}")
         f.argtypes = [ptr, _C_INT64, _C_INT64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ptr]
         f.restype = None
+        f = getattr(lib, f"gc_dragonn_slots_{suffix}")
+        f.argtypes = [_P, _C_INT64, _C_INT64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32,
+                      ctypes.c_uint32, ptr, _P, ptr]
+        f.restype = None
         f = getattr(lib, f"gc_all_finite_{suffix}")
         f.argtypes = [ptr, _C_INT64, ctypes.c_int]
         f.restype = ctypes.c_int
@@ -298,6 +302,25 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     if above is not None:
         st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
     return st, idx, val
+
+
+def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,
+                  seeds: tuple[int, int], acc: torch.Tensor, values: bool = True,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """DRAGONN's memory write and value gather (compressors.dragonn.write_slots, then
+    acc at each slot): (slots int64, −1 where empty; values in acc's dtype, 0 where
+    empty, or None without `values`). keys: contiguous int64 candidate indices of acc (a
+    contiguous CPU float32/64 tensor of at most 2^32 elements; with `values` every key
+    must index it); m < 2^31."""
+    if not supports(acc) or keys.dtype != torch.int64 or not keys.is_contiguous():
+        raise TypeError("dragonn_slots() takes contiguous int64 keys and a contiguous CPU "
+                        "float32/float64 acc")
+    slots = torch.empty(m, dtype=torch.int64)
+    out = torch.empty(m, dtype=acc.dtype) if values else None
+    _fn("gc_dragonn_slots", acc)(keys.data_ptr(), keys.numel(), m, index_bits, priority_bits,
+                                 seeds[0], seeds[1], acc.data_ptr(), slots.data_ptr(),
+                                 None if out is None else out.data_ptr())
+    return slots, out
 
 
 def all_finite(x: torch.Tensor) -> bool:

@@ -643,6 +643,34 @@ void sample_abs(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1, int 
   });
 }
 
+// DRAGONN's memory (compressors/dragonn.py write_slots, for numel ≤ 2^32 and m < 2^31):
+// each key (a candidate index) hashes to slot (h·m) >> 32 with the seeded murmur-style
+// finaliser h; among keys in one slot the largest (h' << index_bits) | key survives,
+// h' = h's top priority_bits bits. Writes the surviving key per slot (−1 where empty)
+// and, unless `values` is null, acc at it (0 where empty). The same integer operations
+// as the torch path.
+template <typename T>
+void dragonn_slots(const int64_t* keys, int64_t nk, int64_t m, int index_bits,
+                   int priority_bits, uint32_t s0, uint32_t s1, const T* acc, int64_t* slots,
+                   T* values) {
+  for (int64_t j = 0; j < m; ++j) slots[j] = -1;
+  for (int64_t q = 0; q < nk; ++q) {
+    uint64_t h = static_cast<uint32_t>(keys[q]) ^ s0;
+    h ^= h >> 16; h = (h * 0x7FEB352Dull) & 0xFFFFFFFFull;
+    h ^= s1;
+    h ^= h >> 15; h = (h * 0x5BD1E995ull) & 0xFFFFFFFFull;
+    h ^= h >> 16;
+    const int64_t slot = static_cast<int64_t>((h * static_cast<uint64_t>(m)) >> 32);
+    const int64_t pri = static_cast<int64_t>((h >> (32 - priority_bits)) << index_bits) | keys[q];
+    if (pri > slots[slot]) slots[slot] = pri;
+  }
+  const int64_t mask = (int64_t(1) << index_bits) - 1;
+  for (int64_t j = 0; j < m; ++j) {
+    if (slots[j] >= 0) slots[j] &= mask;
+    if (values) values[j] = slots[j] >= 0 ? acc[slots[j]] : T(0);
+  }
+}
+
 // Whether every element is finite (no NaN, no ±Inf): exponent bits not all ones, tested
 // on the integer bits in 8 lanes; one read, nothing written, stops at the first block
 // that holds a non-finite value.
@@ -724,6 +752,11 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   void gc_sample_abs_##SUFFIX(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1,     \
                               int threads, T* out) {                                          \
     sample_abs<T>(x, n, s, k0, k1, threads, out);                                             \
+  }                                                                                           \
+  void gc_dragonn_slots_##SUFFIX(const int64_t* keys, int64_t nk, int64_t m, int index_bits,  \
+                                 int priority_bits, uint32_t s0, uint32_t s1, const T* acc,   \
+                                 int64_t* slots, T* values) {                                 \
+    dragonn_slots<T>(keys, nk, m, index_bits, priority_bits, s0, s1, acc, slots, values);     \
   }                                                                                           \
   int gc_all_finite_##SUFFIX(const T* x, int64_t n, int threads) {                           \
     return all_finite<T>(x, n, threads);                                                      \
