@@ -2,7 +2,7 @@
 # Reproduce a paper figure: run what it needs (runs already finished are skipped), draw it
 # into results/<figure>/ (PNG + CSV) and write the paper-vs-reproduced comparison.
 #
-#   scripts/repro_figure.sh                      # the default set (~6 min on an idle 2-core CPU)
+#   scripts/repro_figure.sh                      # the default set (~5.5 min on a 2-core CPU)
 #   scripts/repro_figure.sh sidco-fig16          # one figure, full variant
 #   scripts/repro_figure.sh deft-fig1 --size smoke
 #   scripts/repro_figure.sh deft-fig3 steps=400  # extra Hydra overrides for its training runs

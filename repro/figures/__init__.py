@@ -27,9 +27,9 @@ from repro.figures.base import (
 )
 
 # The default set of `scripts/repro_figure.sh` with no argument.
-# Chosen from the full variants' measured run times: one or more per paper, about 6 minutes
-# together on an idle 2-core CPU (2 min for the first eight, 4 for the last five, measured
-# in a fresh clone; several times longer when other jobs share the cores).
+# Chosen from the full variants' measured run times: one or more per paper, about 5.5
+# minutes together on a 2-core CPU (332 s measured in a fresh clone on 2026-11-23; several
+# times longer when other jobs share the cores).
 DEFAULT_SET: tuple[str, ...] = (
     "sidco-fig16", "dragonn-fig5a", "dragonn-fig5b", "dragonn-lemmaA10", "dragonn-fig1b",
     "deft-fig9", "thc-fig2b", "thc-fig10",
