@@ -1,5 +1,5 @@
 """The native kernels added for issue 7's second round: the fused statistics + pool pass
-(SIDCo's pools), the sample gather (DGC/DRAGONN), and the float32 comparison paths.
+(SIDCo's pools), the hashed sample (DGC/DRAGONN), and the float32 comparison paths.
 
 Each is checked against what it replaces, bit for bit, on inputs large enough for two
 threads (MIN_PER_THREAD elements per thread), at sizes that leave ragged tails, and with
@@ -72,18 +72,6 @@ def test_pool_does_not_depend_on_the_thread_count(dense):
 def test_pool_refuses_float64():
     with pytest.raises(TypeError, match="float32"):
         _native.pool(torch.zeros(10, dtype=torch.float64), 0.5)
-
-
-@needs_native
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n", [1, 1000, 300_001])
-def test_gather_abs_equals_index_select(dtype, n):
-    x = _laplace(n, seed=1, dtype=dtype)
-    for s in (0, 1, 17, 70_000):
-        pos = torch.randint(0, n, (s,), generator=torch.Generator().manual_seed(s))
-        got = _native.gather_abs(x, pos)
-        assert got.dtype == dtype
-        assert torch.equal(got, x.index_select(0, pos).abs())
 
 
 @needs_native

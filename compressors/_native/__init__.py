@@ -133,9 +133,6 @@ def _declare(lib: ctypes.CDLL) -> None:
         f = getattr(lib, f"gc_fwht_{suffix}")
         f.argtypes = [ptr, _C_INT64, _C_INT64, ctypes.c_int]
         f.restype = None
-        f = getattr(lib, f"gc_gather_abs_{suffix}")
-        f.argtypes = [ptr, _P, _C_INT64, ctypes.c_int, ptr]
-        f.restype = None
         f = getattr(lib, f"gc_sample_abs_{suffix}")
         f.argtypes = [ptr, _C_INT64, _C_INT64, ctypes.c_uint32, ctypes.c_uint32, ctypes.c_int, ptr]
         f.restype = None
@@ -159,10 +156,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_abi_version.restype = ctypes.c_int
     lib.gc_advise_huge.argtypes = [_P, _C_INT64]
     lib.gc_advise_huge.restype = None
-    f = lib.gc_thc_encode_f32
-    f.argtypes = [_P, _P, _C_INT64, ctypes.c_int, ctypes.c_float, ctypes.c_float,
-                  ctypes.c_float, _P, _P, _P, _P]
-    f.restype = None
 
 
 def load() -> ctypes.CDLL | None:
@@ -345,20 +338,6 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
     return out
 
 
-def gather_abs(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """|x[positions]| (x's dtype; positions int64, contiguous, in [0, x.numel()) — not
-    checked): x.index_select(0, positions).abs() with the random reads overlapped."""
-    if not supports(x) or positions.dtype != torch.int64 or not positions.is_contiguous():
-        raise TypeError("gather_abs() takes a contiguous CPU float32/float64 tensor and "
-                        "contiguous int64 positions")
-    s = positions.numel()
-    out = torch.empty(s, dtype=x.dtype)
-    if s:
-        threads = max(1, min(torch.get_num_threads(), s // (1 << 14)))
-        _fn("gc_gather_abs", x)(x.data_ptr(), positions.data_ptr(), s, threads, out.data_ptr())
-    return out
-
-
 def release_scratch() -> None:
     """Give back the scratch memory the kernels keep between calls: the selections' pooled
     hit buffers (the largest ever used, up to 8) and this thread's THC transform buffer
@@ -380,21 +359,6 @@ def empty(n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if lib is not None and out.numel():
         lib.gc_advise_huge(out.data_ptr(), out.numel() * out.element_size())
     return out
-
-
-def thc_encode(rotated: torch.Tensor, noise: torch.Tensor, t_p: float, granularity: int,
-               table: torch.Tensor, gaps: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """THC's grid quantisation in one pass (int32 indices z): clamp to ±t_p, map onto
-    [0, g], interval by `lut`, stochastic rounding against `noise`. The same float32
-    operations as compressors.thc's torch path, so the same z. All contiguous CPU:
-    rotated/noise/table/gaps float32, lut int32."""
-    n = rotated.numel()
-    z = torch.empty(n, dtype=torch.int32)
-    load().gc_thc_encode_f32(
-        rotated.data_ptr(), noise.data_ptr(), n, _threads(n), float(t_p),
-        float(granularity / (2 * t_p)), float(granularity), table.data_ptr(),
-        gaps.data_ptr(), lut.data_ptr(), z.data_ptr())
-    return z
 
 
 def fwht_(x: torch.Tensor) -> torch.Tensor:

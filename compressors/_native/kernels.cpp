@@ -10,7 +10,7 @@
 //                 caller then allocates the exact-size output and gc_take copies into it.
 //   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥) with |x| in the
 //                 same read (SIDCo's pools); dense pools are written branch-free.
-//   gc_gather_abs_*  |x[pos]| for a random sample of positions (DGC/DRAGONN), prefetched.
+//   gc_sample_abs_*  |x| at hashed random positions (DGC/DRAGONN's sample), prefetched.
 // float32 inputs are compared (and |x|, max, min taken) in float32 lanes; only sums are
 // widened to double.
 // Comparisons are done in the input's precision with the threshold rounded to it, as
@@ -611,20 +611,6 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
   return sel;
 }
 
-// out[i] = |x[pos[i]]| for a random sample of positions (DGC/DRAGONN's threshold sample):
-// the reads are cache misses, so each thread keeps several in flight by prefetching
-// PREFETCH positions ahead.
-template <typename T>
-void gather_abs(const T* x, const int64_t* pos, int64_t s, int threads, T* out) {
-  constexpr int64_t PREFETCH = 16;
-  parallel_range(s, threads, [&](int64_t a, int64_t b) {
-    for (int64_t i = a; i < b; ++i) {
-      if (i + PREFETCH < b) __builtin_prefetch(x + pos[i + PREFETCH]);
-      out[i] = std::fabs(x[pos[i]]);
-    }
-  });
-}
-
 // DGC/DRAGONN's threshold sample without a positions tensor: out[i] = |x[p_i]| with
 // p_i = (h(i)·n) >> 32 (h: the counter hash keyed by k0, k1; n < 2^31, so the torch twin
 // in compressors/dgc.py computes the same p_i in int64). The reads are cache misses: the
@@ -745,9 +731,6 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
                                  double t, int strict, int values, int64_t reserve,           \
                                  int64_t* total) {                                            \
     return select_begin<T>(x, map, n, threads, t, strict, values, reserve, total);            \
-  }                                                                                           \
-  void gc_gather_abs_##SUFFIX(const T* x, const int64_t* pos, int64_t s, int threads, T* out) { \
-    gather_abs<T>(x, pos, s, threads, out);                                                   \
   }                                                                                           \
   void gc_sample_abs_##SUFFIX(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1,     \
                               int threads, T* out) {                                          \

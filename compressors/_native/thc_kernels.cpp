@@ -142,28 +142,6 @@ void fwht(T* x, int64_t rows, int64_t d, int threads) {
   }
 }
 
-// THC's grid encoding fused into one pass (compressors/thc.py RotatedGrid.encode and
-// table_encode): v = clamp(clamp(x, −t, t) + t)·s, 0, g), j = lut[int(v)],
-// frac = (v − T[j]) / gap[j], z = j + (noise < frac). The same float32 operations in the
-// same order as the torch reference, so z equals its result exactly; `noise` is the
-// caller's torch.rand draw (the same generator stream on both paths).
-void thc_encode(const float* x, const float* noise, int64_t n, int threads, float t, float s,
-                float g, const float* table, const float* gaps, const int32_t* lut,
-                int32_t* z) {
-  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
-    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
-    for (int64_t i = lo; i < hi; ++i) {
-      float v = std::min(std::max(x[i], -t), t);
-      v = v + t;
-      v = v * s;
-      v = std::min(std::max(v, 0.0f), g);
-      const int32_t j = lut[static_cast<int32_t>(v)];
-      const float frac = (v - table[j]) / gaps[j];
-      z[i] = j + (noise[i] < frac ? 1 : 0);
-    }
-  });
-}
-
 // ---------------------------------------------------------------------------------------
 // THC's counter-based random stream (compressors/thc.py counter_hash: the torch fallback
 // computes the same function with int64 tensor ops). Element i of the stream keyed by a
@@ -561,12 +539,6 @@ void thc_uniform_encode(const float* x, int64_t n, int threads, float lo, float 
 }  // namespace
 
 extern "C" {
-
-void gc_thc_encode_f32(const float* x, const float* noise, int64_t n, int threads, float t,
-                       float s, float g, const float* table, const float* gaps,
-                       const int32_t* lut, int32_t* z) {
-  thc_encode(x, noise, n, threads, t, s, g, table, gaps, lut, z);
-}
 
 void gc_fwht_f32(float* x, int64_t rows, int64_t d, int threads) { fwht<float>(x, rows, d, threads); }
 void gc_fwht_f64(double* x, int64_t rows, int64_t d, int threads) { fwht<double>(x, rows, d, threads); }
