@@ -239,6 +239,24 @@ def repeat_median(
     return medians, minima, n
 
 
+def time_exchanges(session: Session, x: torch.Tensor, repeats: int, budget_s: float,
+                   ) -> tuple[tuple[float, float], tuple[float, float], int, Any]:
+    """repeat_median of single-worker exchanges of `x` (steps 0, 1, ...): the (encode,
+    decode) medians and minima in seconds, the number of timed calls, and the last
+    exchange's Outcome."""
+    step = [0]
+    last: dict[str, Any] = {}
+
+    def sample() -> tuple[float, float]:
+        out, enc, dec = exchange_once(session, x, step[0])
+        step[0] += 1
+        last["outcome"] = out
+        return enc, dec
+
+    medians, minima, n = repeat_median(sample, repeats, budget_s)
+    return medians, minima, n, last["outcome"]
+
+
 def sparse_payloads(
     numel: int, k: int, workers: int, seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -432,22 +450,14 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
             comp = compressors.build(name, **params)
             session = Session(comp, rank=0, world_size=1, feedback="none", seed=seed,
                               check_finite=False, measure=False)
-            step = [0]
-            last: dict[str, Any] = {}
-
-            def sample() -> tuple[float, float]:
-                out, enc, dec = exchange_once(session, x, step[0])
-                step[0] += 1
-                last["outcome"] = out
-                return enc, dec
-
-            (enc, dec), (enc_min, dec_min), n = repeat_median(sample, repeats, budget_s)
+            (enc, dec), (enc_min, dec_min), n, outcome = time_exchanges(
+                session, x, repeats, budget_s)
             cap_note(f"{name} ratio {ratio}", n)
             if name == REFERENCE:
                 reference[ratio] = enc
             ref = reference.get(ratio) if ratio is not None else None
-            selected = last["outcome"].selected
-            probes = last["outcome"].extra.get("probes")
+            selected = outcome.selected
+            probes = outcome.extra.get("probes")
             fwht = floor.get("fwht_ms")
             report["encode"].append({
                 "device": str(dev), "numel": size, "compressor": name, "ratio": ratio,

@@ -193,16 +193,8 @@ def _time_on_tensor(names, ratios, x: torch.Tensor, repeats: int, budget_s: floa
         for r in ratios:
             session = Session(compressors.build(n, ratio=r), rank=0, world_size=1, feedback="none",
                               seed=0, check_finite=False, measure=False)
-            step, last = [0], {}
-
-            def sample():
-                outcome, enc, dec = bench.exchange_once(session, x, step[0])
-                step[0] += 1
-                last["o"] = outcome
-                return enc, dec
-
-            (enc, _), _, n_calls = bench.repeat_median(sample, repeats, budget_s)
-            out[(n, r)] = (enc, int(last["o"].selected) if last["o"].selected is not None else None)
+            (enc, _), _, _, outcome = bench.time_exchanges(session, x, repeats, budget_s)
+            out[(n, r)] = (enc, int(outcome.selected) if outcome.selected is not None else None)
     return out
 
 
