@@ -447,6 +447,28 @@ def _run_table(ctx: Context, runs: dict[tuple[str, str], str], name: str) -> dic
     return data
 
 
+def _plot_per_workload(ctx: Context, data: dict, comps: Sequence[str], wls: list[str],
+                       key: str, ylabel: str, title: str, name: str,
+                       set_density: bool = False) -> None:
+    """One log-scale panel per workload of `key` against the iteration for each
+    compressor (deft-fig4's densities, deft-fig5's error norms), saved as `name`;
+    `set_density` adds the set density δ as a dashed line."""
+    pyplot = plt()
+    fig, axes = pyplot.subplots(1, len(wls), figsize=(4.6 * len(wls), 3.8), squeeze=False)
+    for ax, w in zip(axes[0], wls):
+        for c in comps:
+            xs, ys = series(data[(w, c)][0], key)
+            ax.plot(xs, ys, color=COLORS[c], label=LABELS[c])
+        if set_density:
+            ax.axhline(WORKLOADS[w]["ratio"], color="grey", ls="--", lw=1, label="set density δ")
+        ax.set(yscale="log", xlabel="iteration", ylabel=ylabel,
+               title=f"{WORKLOADS[w]['label']} (δ={WORKLOADS[w]['ratio']})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    ctx.save_plot(fig, name)
+
+
 def _scale_note(ctx: Context, workload: str) -> str:
     spec = CONVERGENCE[ctx.size][workload]
     return (f"{spec['steps']} steps, {CONVERGENCE_WORKERS[ctx.size]} simulated workers × batch "
@@ -545,21 +567,11 @@ def deft_fig4(ctx: Context) -> list[Row]:
     comps = ("topk", "deft") if ctx.smoke else SPARSIFIERS
     data = _run_table(ctx, _convergence_runs(ctx, comps), "density")
     wls = _workloads(ctx)
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(wls), figsize=(4.6 * len(wls), 3.8), squeeze=False)
-    for ax, w in zip(axes[0], wls):
-        for c in comps:
-            xs, ys = series(data[(w, c)][0], "density")
-            ax.plot(xs, ys, color=COLORS[c], label=LABELS[c])
-        ax.axhline(WORKLOADS[w]["ratio"], color="grey", ls="--", lw=1, label="set density δ")
-        ax.set(yscale="log", xlabel="iteration", ylabel="actual density |∪ idx| / d (log)",
-               title=f"{WORKLOADS[w]['label']} (δ={WORKLOADS[w]['ratio']})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"DEFT Fig. 4 reproduced ({ctx.size}): {CONVERGENCE_WORKERS[ctx.size]} simulated "
-                 f"workers, CPU, small models on stand-in data; tensors < {MIN_NUMEL} elements "
-                 "sent dense and left out of the density", fontsize=9)
-    ctx.save_plot(fig, "density")
+    _plot_per_workload(
+        ctx, data, comps, wls, "density", "actual density |∪ idx| / d (log)",
+        f"DEFT Fig. 4 reproduced ({ctx.size}): {CONVERGENCE_WORKERS[ctx.size]} simulated "
+        f"workers, CPU, small models on stand-in data; tensors < {MIN_NUMEL} elements "
+        "sent dense and left out of the density", "density", set_density=True)
 
     out: list[Row] = []
     for w in wls:
@@ -602,20 +614,10 @@ def deft_fig5(ctx: Context) -> list[Row]:
     comps = ("topk", "deft") if ctx.smoke else SPARSIFIERS
     data = _run_table(ctx, _convergence_runs(ctx, comps), "error")
     wls = _workloads(ctx)
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(wls), figsize=(4.6 * len(wls), 3.8), squeeze=False)
-    for ax, w in zip(axes[0], wls):
-        for c in comps:
-            xs, ys = series(data[(w, c)][0], "ef_norm")
-            ax.plot(xs, ys, color=COLORS[c], label=LABELS[c])
-        ax.set(yscale="log", xlabel="iteration", ylabel="error ||residual||₂, worker 0 (log)",
-               title=f"{WORKLOADS[w]['label']} (δ={WORKLOADS[w]['ratio']})")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.suptitle(f"DEFT Fig. 5 reproduced ({ctx.size}): {CONVERGENCE_WORKERS[ctx.size]} simulated "
-                 "workers, CPU, small models on stand-in data (paper: mean over workers)",
-                 fontsize=9)
-    ctx.save_plot(fig, "error")
+    _plot_per_workload(
+        ctx, data, comps, wls, "ef_norm", "error ||residual||₂, worker 0 (log)",
+        f"DEFT Fig. 5 reproduced ({ctx.size}): {CONVERGENCE_WORKERS[ctx.size]} simulated "
+        "workers, CPU, small models on stand-in data (paper: mean over workers)", "error")
 
     out: list[Row] = []
     for w in wls:
