@@ -340,17 +340,12 @@ class _SIDCo(ThresholdSparsifier):
         state["quality_steps"] = 0
 
 
-# Above this expected fraction the pool is compacted branch-free (every group of 8 written
-# through a permutation table) instead of skipping groups without a hit.
-_DENSE_POOL = 0.02
-
-
 def _compact(pool: torch.Tensor, t: float, pool_idx: torch.Tensor | None,
              keep: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Positions in acc (int64, ascending) and magnitudes of the elements of `pool` with
     |x| > t; `pool_idx` maps pool positions to acc positions (None: pool is acc)."""
     if pool.dtype == torch.float32:
-        _, local, values = _native.pool(pool, t, dense=keep > _DENSE_POOL,
+        _, local, values = _native.pool(pool, t, dense=keep > _native.DENSE_FRACTION,
                                         reserve=int(1.25 * keep * pool.numel()) + 1024)
         return (local if pool_idx is None else pool_idx.index_select(0, local)), values
     return _native.select(pool, t, strict=True, values=True, index_map=pool_idx,

@@ -332,7 +332,7 @@ class MSTopK(ThresholdSparsifier):
                     k, ctx, acc, mean_f, st.max, 1.0,
                     count_fn=lambda pool, t: (_native.count(pool, t), None),
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
-                        pool, t, dense=keep > 0.02, strict=False)[2],
+                        pool, t, dense=keep > _native.DENSE_FRACTION, strict=False)[2],
                     select_fn=lambda t: native_select(acc, t))
         mag = magnitudes(acc)
         max_f = float(mag.max())

@@ -38,6 +38,10 @@ HEADERS = ("common.h",)
 ABI_VERSION = 1
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
+# pool(): above this expected kept fraction, callers ask for the branch-free ("dense")
+# compaction, which writes every group of 8 through a permutation table instead of
+# skipping groups without a hit.
+DENSE_FRACTION = 0.02
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
