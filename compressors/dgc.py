@@ -37,7 +37,7 @@ from compressors.base import (
 )
 from compressors.registry import register
 from compressors.requests import AllGather
-from compressors.thc import counter_hash, draw_seed, seed_words
+from compressors.counter_stream import counter_hash, draw_seed, seed_words
 
 
 def check_sampling(sample_ratio: float, min_sample_top: int) -> tuple[float, int]:
@@ -88,7 +88,7 @@ def sample_threshold(
 
     On the CPU (tensors below 2³¹ elements) the s positions come from a counter-based
     stream keyed by one 64-bit seed drawn from `generator`: p_i = (h(i)·d) >> 32 with
-    compressors.thc.counter_hash h, so the native kernel draws and reads the sample in one
+    compressors.counter_stream.counter_hash h, so the native kernel draws and reads the sample in one
     pass without a positions tensor, and the torch path computes the same p_i. (The
     multiply-shift map gives each position probability ⌊2³²/d⌋/2³² or ⌈2³²/d⌉/2³², within
     d/2³² of uniform: 0.6% relative at d = 26M.) On accelerators the positions come from

@@ -1,4 +1,4 @@
-"""THC's counter-based random stream (compressors/thc.py counter_hash): the native fused
+"""THC's counter-based random stream (compressors/counter_stream.py): the native fused
 passes and the pure-torch fallback give the same bits (signs, noise, rotated input,
 indices, table values, clamped count, decode, uniform THC levels), the stream is the
 documented function, and it is statistically adequate for what THC asks of it:

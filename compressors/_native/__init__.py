@@ -328,7 +328,7 @@ def all_finite(x: torch.Tensor) -> bool:
 
 def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
     """|x[p_i]| for i < s, p_i = (h(i)·n) >> 32 with the counter hash keyed by the 32-bit
-    words (k0, k1) (compressors.thc.counter_hash; n = x.numel() < 2^31): a uniform sample
+    words (k0, k1) (compressors.counter_stream.counter_hash; n = x.numel() < 2^31): a uniform sample
     with replacement drawn and read in one pass, no positions tensor."""
     n = x.numel()
     if not supports(x):

@@ -93,7 +93,7 @@ inline v8f vabs8(v8f a) {
 inline v8f load8(const float* p) { v8f v; std::memcpy(&v, p, sizeof v); return v; }
 
 // The counter-based random stream shared by THC (thc_kernels.cpp) and DGC/DRAGONN's
-// threshold sample (kernels.cpp); compressors/thc.py counter_hash is its torch twin.
+// threshold sample (kernels.cpp); compressors/counter_stream.py counter_hash is its torch twin.
 // h(i) = mix(mix(lo32(i) ^ k0) ^ k1 ^ hi32(i)) for the seed words (k0, k1), mix = the
 // "lowbias32" finaliser (both multipliers < 2^31: the torch version's int64 products
 // never overflow).

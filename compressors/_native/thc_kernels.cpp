@@ -143,8 +143,8 @@ void fwht(T* x, int64_t rows, int64_t d, int threads) {
 }
 
 // ---------------------------------------------------------------------------------------
-// THC's counter-based random stream (compressors/thc.py counter_hash: the torch fallback
-// computes the same function with int64 tensor ops). Element i of the stream keyed by a
+// THC's counter-based random stream (compressors/counter_stream.py counter_hash: the torch
+// fallback computes the same function with int64 tensor ops). Element i of the stream keyed by a
 // 64-bit seed (k0 = low word, k1 = high word) is
 //   h(i) = mix(mix(lo32(i) ^ k0) ^ k1 ^ hi32(i)),
 // mix = the "lowbias32" finaliser x ^= x>>16; x *= 0x21f0aaad; x ^= x>>15;
