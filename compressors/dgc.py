@@ -86,13 +86,14 @@ def sample_threshold(
     replacement) from |acc| with `generator`. 0-dim tensor in acc's dtype, on acc's device
     (no host synchronisation on accelerators).
 
-    On the CPU (tensors below 2³¹ elements) the s positions come from a counter-based
-    stream keyed by one 64-bit seed drawn from `generator`: p_i = (h(i)·d) >> 32 with
-    compressors.counter_stream.counter_hash h, so the native kernel draws and reads the sample in one
-    pass without a positions tensor, and the torch path computes the same p_i. (The
-    multiply-shift map gives each position probability ⌊2³²/d⌋/2³² or ⌈2³²/d⌉/2³², within
-    d/2³² of uniform: 0.6% relative at d = 26M.) On accelerators the positions come from
-    torch.randint on the device.
+    Below 2³¹ elements the s positions come from a counter-based stream keyed by one
+    64-bit seed drawn from `generator`: p_i = (h(i)·d) >> 32 with
+    compressors.counter_stream.counter_hash h, so the native kernels (C++ on the CPU,
+    Triton on CUDA) draw and read the sample in one pass without a positions tensor, and
+    the torch path computes the same p_i: every device reads the same positions for the
+    same seed. (The multiply-shift map gives each position probability ⌊2³²/d⌋/2³² or
+    ⌈2³²/d⌉/2³², within d/2³² of uniform: 0.6% relative at d = 26M.) Larger tensors draw
+    their positions with torch.randint.
 
     When the sample would cover the whole tensor, the exact k-th largest |acc| is used.
     Statistics are computed in float32 (float64 for float64 input); the result is one of
@@ -109,12 +110,13 @@ def sample_threshold(
         top = k
     else:
         flat = acc.reshape(-1)
-        if acc.device.type == "cpu" and numel < 2**31:
+        if numel < 2**31:
             seed = draw_seed(generator)
             if _native.supports(flat):
                 sample = _native.sample_abs(flat, s, *seed_words(seed))
             else:
-                positions = counter_hash(torch.arange(s, dtype=torch.int64), seed)
+                positions = counter_hash(torch.arange(s, dtype=torch.int64, device=acc.device),
+                                         seed)
                 positions.mul_(numel).bitwise_right_shift_(32)
                 sample = flat.index_select(0, positions).abs()
         else:
