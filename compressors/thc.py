@@ -82,7 +82,7 @@ def fwht_(x: torch.Tensor, normalize: bool = True) -> torch.Tensor:
         raise ValueError(f"fwht_ needs a power-of-two length, got {d}; zero-pad first")
     if not x.is_contiguous():
         raise ValueError("fwht_ works in place on a contiguous tensor")
-    if _native.supports(x):  # cache-blocked, threaded: the same result bit for bit
+    if _native.supports_cpu(x):  # cache-blocked, threaded: the same result bit for bit
         _native.fwht_(x)
         if normalize and d > 1:
             x.mul_(d**-0.5)
@@ -191,7 +191,7 @@ def uniform_encode(
     if not float(torch.tensor(step, dtype=torch.float32)) > 0:  # constant: all at lo
         return torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
     seed = draw_seed(generator)
-    if _native.supports(x):
+    if _native.supports_cpu(x):
         return thc_native.uniform_encode(x, lo, step, levels, seed)
     u = torch.sub(x, lo).div_(step).clamp_(0, levels)
     noise = hash_noise(x.numel(), seed, x.device).view(x.shape)
@@ -280,7 +280,7 @@ class RotatedGrid:
         padded buffer applies 1/ℓ and the signs in one pass (native) or two (torch):
         (x / ℓ)·s_i on the first numel coordinates, zeros after."""
         x = x.reshape(-1).to(torch.float32)
-        if _native.supports(x):  # the copy happens inside the FWHT's first pass
+        if _native.supports_cpu(x):  # the copy happens inside the FWHT's first pass
             return thc_native.rotate(x, self.padded, self.max_norm, self.seed)
         buf = torch.zeros(self.padded, dtype=torch.float32, device=x.device)
         head = buf[: self.numel]
@@ -323,7 +323,7 @@ class RotatedGrid:
         the same bits as the torch path."""
         seed = draw_seed(generator)
         x32 = x.reshape(-1).to(torch.float32)
-        if _native.supports(x32) and (
+        if _native.supports_cpu(x32) and (
                 table.dtype == torch.float32 and table.device.type == "cpu"
                 and (table_values is None or table_values.dtype in thc_native.VALUE_BYTES)):
             if lut is None:
@@ -371,7 +371,7 @@ class RotatedGrid:
             _per_chunk(out, chunk_size, (~zero_chunks).to(out.dtype), "mul")
         fwht_(out, normalize=False)
         head = out[: self.numel]  # D⁻¹ = D, only where the result is kept
-        if _native.supports(out) and out.dtype == torch.float32:
+        if _native.supports_cpu(out) and out.dtype == torch.float32:
             thc_native.apply_signs_(out, self.numel, self.seed)
         else:
             head.mul_(self.signs(out.device)[: self.numel])
@@ -419,7 +419,7 @@ def _norm(acc: torch.Tensor) -> torch.Tensor:
     of the thread count); otherwise torch's float64 vector_norm. The two may differ in
     the last bits of the double; every rank uses the same path, and the allreduced max
     is what all ranks scale by."""
-    if _native.supports(acc):
+    if _native.supports_cpu(acc):
         return torch.tensor([math.sqrt(_native.stats(acc, squares=True).sumsq)],
                             dtype=torch.float64)
     return torch.linalg.vector_norm(acc, dtype=torch.float64).reshape(1)

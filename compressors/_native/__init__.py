@@ -8,8 +8,13 @@ build fails, the tensor is not a contiguous CPU float32/float64 tensor, or the
 environment says GRADCOMP_NATIVE=0, `available()` / `supports()` answer False and the
 callers take their pure-torch reference path, which selects the same elements.
 
+On CUDA, stats, count, select, pool, sample_abs, dragonn_slots and all_finite dispatch to
+the Triton kernels of `gpu.py` (contiguous float32 tensors; `supports()` says which tensors
+are taken, `supports_cpu()` which ones the C++ library takes).
+
 Environment:
-  GRADCOMP_NATIVE=0          never build or load the library (the reference paths run)
+  GRADCOMP_NATIVE=0          never build or load the library, nor use the Triton kernels
+                             (the reference paths run)
   GRADCOMP_NATIVE_CACHE=DIR  where the built library is kept (default
                              $XDG_CACHE_HOME/gradcomp-repro or ~/.cache/gradcomp-repro)
   CXX                        the compiler (default: c++, then g++, then clang++)
@@ -200,10 +205,37 @@ def error() -> str | None:
     return _error
 
 
-def supports(t: torch.Tensor) -> bool:
-    """Whether the kernels take this tensor: contiguous 1-D-able CPU float32/float64."""
+def supports_cpu(t: torch.Tensor) -> bool:
+    """Whether the C++ library takes this tensor: contiguous 1-D-able CPU float32/float64
+    (what fwht_ and compressors._native.thc_native need)."""
     return (t.device.type == "cpu" and t.dtype in _SUFFIX and t.is_contiguous()
             and t.numel() > 0 and not t.requires_grad and available())
+
+
+_gpu_module = None
+
+
+def _gpu():
+    """compressors._native.gpu (the Triton kernels), imported at the first CUDA tensor;
+    None where Triton is missing."""
+    global _gpu_module
+    if _gpu_module is None:
+        from compressors._native import gpu  # noqa: PLC0415 (imports triton: only on demand)
+
+        _gpu_module = gpu
+    return _gpu_module if _gpu_module.available() else None
+
+
+def supports(t: torch.Tensor) -> bool:
+    """Whether stats, count, select, pool, sample_abs, dragonn_slots and all_finite take
+    this tensor: a CPU one the C++ library takes (supports_cpu), or a contiguous float32
+    CUDA tensor when Triton is importable (compressors._native.gpu)."""
+    if t.device.type == "cpu":
+        return supports_cpu(t)
+    if t.device.type != "cuda" or t.requires_grad or not enabled_by_environment():
+        return False
+    gpu = _gpu()
+    return gpu is not None and gpu.supports(t)
 
 
 def _threads(n: int) -> int:
@@ -236,6 +268,8 @@ def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
           squares: bool = False, extremes: bool = False, logs: bool = False) -> Stats:
     """One read pass of |x| (see Stats). `above` compares in x's precision as torch does;
     Σy² only with `squares`; max, min and nonzeros only with `extremes` (or `logs`)."""
+    if x.device.type == "cuda":
+        return Stats(*_gpu().stats(x, above, shift, squares, extremes, logs))
     out = (ctypes.c_double * 7)()
     n = x.numel()
     flags = (1 if squares else 0) | (2 if extremes else 0) | (4 if logs else 0)
@@ -246,6 +280,8 @@ def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
 
 def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
     """#{|x| ≥ t} (#{|x| > t} when strict), t rounded to x's precision as torch does."""
+    if x.device.type == "cuda":
+        return _gpu().count(x, t, strict)
     n = x.numel()
     return int(_fn("gc_count", x)(x.data_ptr(), n, _threads(n), float(t), int(strict)))
 
@@ -256,6 +292,8 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
     `values`, their |x| (x's dtype). With `index_map` (int64, one per element of x) the
     positions are mapped through it. One read pass; outputs allocated at their exact size."""
+    if x.device.type == "cuda":  # two read passes (count, write); `reserve` is a CPU hint
+        return _gpu().select(x, t, strict=strict, values=values, index_map=index_map)
     n = x.numel()
     total = _C_INT64(0)
     handle = _fn("gc_select_begin", x)(
@@ -280,8 +318,12 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     count only with `extremes`, no logs). `dense`: more than a few percent are expected to
     pass (the hits are written branch-free). One read pass of x."""
     if x.dtype != torch.float32 or not supports(x):
-        raise TypeError(f"pool() takes contiguous CPU float32 tensors, got {x.dtype} on "
-                        f"{x.device} (contiguous: {x.is_contiguous()})")
+        raise TypeError(f"pool() takes contiguous CPU float32 tensors (or CUDA ones with "
+                        f"Triton), got {x.dtype} on {x.device} (contiguous: {x.is_contiguous()})")
+    if x.device.type == "cuda":  # a statistics pass, then the selection
+        st = None if above is None else stats(x, above, shift, squares, extremes)
+        idx, val = _gpu().select(x, t, strict=strict, values=True)
+        return st, idx, val
     n = x.numel()
     out = (ctypes.c_double * 7)()
     total = _C_INT64(0)
@@ -309,6 +351,9 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
     empty, or None without `values`). keys: contiguous int64 candidate indices of acc (a
     contiguous CPU float32/64 tensor of at most 2^32 elements; with `values` every key
     must index it); m < 2^31."""
+    if acc.device.type == "cuda" and supports(acc):
+        return _gpu().dragonn_slots(keys.contiguous(), m, index_bits, priority_bits, seeds,
+                                    acc, values)
     if not supports(acc) or keys.dtype != torch.int64 or not keys.is_contiguous():
         raise TypeError("dragonn_slots() takes contiguous int64 keys and a contiguous CPU "
                         "float32/float64 acc")
@@ -322,6 +367,10 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
 
 def all_finite(x: torch.Tensor) -> bool:
     """bool(torch.isfinite(x).all()) in one read pass with no bool buffer."""
+    if x.device.type == "cuda" and supports(x):
+        return _gpu().all_finite(x)
+    if x.device.type != "cpu":
+        return bool(torch.isfinite(x).all())
     n = x.numel()
     return bool(_fn("gc_all_finite", x)(x.data_ptr(), n, _threads(n)))
 
@@ -332,9 +381,12 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
     with replacement drawn and read in one pass, no positions tensor."""
     n = x.numel()
     if not supports(x):
-        raise TypeError("sample_abs() takes a contiguous CPU float32/float64 tensor")
+        raise TypeError("sample_abs() takes a contiguous CPU float32/float64 tensor or a "
+                        "contiguous CUDA float32 one")
     if n >= 1 << 31:
         raise ValueError("sample_abs needs fewer than 2^31 elements")
+    if x.device.type == "cuda":
+        return _gpu().sample_abs(x, s, k0, k1)
     out = torch.empty(s, dtype=x.dtype)
     if s:
         threads = max(1, min(torch.get_num_threads(), s // (1 << 14)))

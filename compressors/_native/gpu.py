@@ -1,0 +1,385 @@
+"""Triton kernels: the CUDA twins of the CPU library's magnitude passes (kernels.cpp).
+
+The threshold sparsifiers spend their time in a few passes over |acc|: statistics (counts,
+sums, extremes), a count above a threshold, and the selection of the positions (and |x|)
+above it. In pure torch each of these is several kernels with full-size temporaries
+(`x.abs()`, a bool mask, `nonzero`'s own passes): 5–20 reads' worth of memory traffic. Here
+each is one kernel that reads x once:
+
+- `stats`: per-block partial sums in float64 (y = |x| − shift widened before it is summed,
+  as the CPU kernels do), reduced over the blocks by torch in block order.
+- `count` / `select`: a counting pass writes one count per block; a cumulative sum gives
+  each block its output offset; a second pass writes the positions of its hits in order
+  (a block-local prefix sum), so the result is ascending like `nonzero`'s, with no
+  full-size mask and no sort. One host synchronisation (the total) sizes the output.
+- `sample_abs`: DGC/DRAGONN's threshold sample drawn from the same counter-based stream
+  as the CPU kernel (compressors.counter_stream), so both devices read the same positions.
+- `dragonn_slots`: DRAGONN's memory write (hash, slot, priority) with one 64-bit atomic
+  max per candidate, then the value gather: the same integers as compressors.dragonn's
+  write_slots.
+
+Comparisons are made in float32 with the threshold rounded to float32, as torch does for
+`tensor >= python_float`, so selections equal the torch reference's bit for bit wherever
+the thresholds agree. Only contiguous float32 CUDA tensors are taken; everything else goes
+the reference path. With TRITON_INTERPRET=1 (Triton's CPU interpreter) the same kernels
+run on CPU tensors: the tests use this to check them where no GPU exists.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import torch
+
+try:  # triton ships with CUDA builds of torch; absent elsewhere (then: reference paths)
+    import triton
+    import triton.language as tl
+except Exception:  # noqa: BLE001 (any import failure means: not available)
+    triton = None
+    tl = None
+
+BLOCK = 4096  # elements per program (per loop step) of the full-tensor passes
+WARPS = 4  # warps per program of the full-tensor passes
+SUB = 512  # the selection's granularity: hits are counted, and blocks skipped, per SUB
+SUB_WARPS = 2  # warps per program of the selection's writing pass
+TILES = 4  # blocks per program of the reductions (count, stats): fewer partials to add
+SMALL_BLOCK = 1024  # per program of the passes over samples and candidates
+_STATS = 7  # count, sum, sumsq, max, min, nonzero, log_sum
+
+
+# Whether the kernels below were made by Triton's CPU interpreter (TRITON_INTERPRET=1 when
+# this module was imported): they then take CPU tensors.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def available() -> bool:
+    return triton is not None
+
+
+def supports(t: torch.Tensor) -> bool:
+    """Contiguous float32 tensors on the current CUDA device (CPU ones too under the Triton
+    interpreter)."""
+    if triton is None or t.dtype != torch.float32 or not t.is_contiguous() or t.numel() == 0:
+        return False
+    if t.is_cuda:  # the kernels launch on the current device
+        return t.device.index is None or t.device.index == torch.cuda.current_device()
+    return INTERPRETED and t.device.type == "cpu"
+
+
+def _f32(t: float) -> float:
+    """t rounded to float32 (as torch rounds a Python scalar compared with a float32 tensor)."""
+    return struct.unpack("f", struct.pack("f", t))[0] if abs(t) < 3.5e38 else t
+
+
+def _f64_bits(v: float) -> int:
+    """A double's bit pattern as a signed 64-bit int: the kernels bitcast it back, so the
+    value reaches them exactly (Triton passes Python floats as float32)."""
+    return struct.unpack("q", struct.pack("d", float(v)))[0]
+
+
+if triton is not None:
+
+    @triton.jit
+    def _hits(x_ptr, offs, n, t, STRICT: tl.constexpr):
+        # |x| at offs (0 past the end) and whether it passes t (> when STRICT, else ≥)
+        inside = offs < n
+        a = tl.abs(tl.load(x_ptr + offs, mask=inside, other=0.0))
+        if STRICT:
+            hit = (a > t) & inside
+        else:
+            hit = (a >= t) & inside
+        return a, hit
+
+    @triton.jit
+    def _sub_counts_kernel(x_ptr, n, t, counts_ptr, nsub, STRICT: tl.constexpr,
+                           BLOCK: tl.constexpr, SUB: tl.constexpr):
+        # hits per sub-block of SUB elements (BLOCK // SUB of them per program)
+        pid = tl.program_id(0)
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        a, hit = _hits(x_ptr, offs, n, t, STRICT)
+        per_sub = tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK // SUB, SUB)), axis=1)
+        sub = pid.to(tl.int64) * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
+        tl.store(counts_ptr + sub, per_sub, mask=sub < nsub)
+
+    @triton.jit
+    def _select_kernel(x_ptr, n, t, counts_ptr, ends_ptr, idx_ptr, val_ptr, map_ptr,
+                       STRICT: tl.constexpr, VALUES: tl.constexpr, MAPPED: tl.constexpr,
+                       SUB: tl.constexpr):
+        # one sub-block per program; those without a hit (most, at small ratios) read
+        # nothing but their count
+        pid = tl.program_id(0)
+        mine = tl.load(counts_ptr + pid)
+        if mine > 0:
+            offs = pid.to(tl.int64) * SUB + tl.arange(0, SUB)
+            a, hit = _hits(x_ptr, offs, n, t, STRICT)
+            h = hit.to(tl.int32)
+            dst = tl.load(ends_ptr + pid) - mine + (tl.cumsum(h, axis=0) - h).to(tl.int64)
+            if MAPPED:
+                src = tl.load(map_ptr + offs, mask=hit, other=0)
+            else:
+                src = offs
+            tl.store(idx_ptr + dst, src, mask=hit)
+            if VALUES:
+                tl.store(val_ptr + dst, a, mask=hit)
+
+    @triton.jit
+    def _count_kernel(x_ptr, n, t, out_ptr, STRICT: tl.constexpr, BLOCK: tl.constexpr,
+                      TILES: tl.constexpr):
+        # one partial per program of TILES consecutive blocks (unrolled)
+        pid = tl.program_id(0)
+        for j in tl.static_range(TILES):
+            offs = pid.to(tl.int64) * (TILES * BLOCK) + j * BLOCK + tl.arange(0, BLOCK)
+            a, hit = _hits(x_ptr, offs, n, t, STRICT)
+            c = tl.sum(hit.to(tl.int32), axis=0)
+            if j == 0:
+                total = c
+            else:
+                total += c
+        tl.store(out_ptr + pid, total.to(tl.int64))
+
+    @triton.jit(do_not_specialize=["shift_bits"])
+    def _stats_kernel(x_ptr, n, above, shift_bits, out_ptr, HAS_ABOVE: tl.constexpr,
+                      SQUARES: tl.constexpr, EXTREMES: tl.constexpr, LOGS: tl.constexpr,
+                      BLOCK: tl.constexpr, TILES: tl.constexpr):
+        # per program of TILES consecutive blocks: count, Σy, Σy², max, min, nonzero,
+        # Σ ln|x| (y = |x| − shift in float64), the blocks' sums added in block order
+        pid = tl.program_id(0)
+        shift = shift_bits.to(tl.int64).to(tl.float64, bitcast=True)
+        for j in tl.static_range(TILES):
+            offs = pid.to(tl.int64) * (TILES * BLOCK) + j * BLOCK + tl.arange(0, BLOCK)
+            inside = offs < n
+            a = tl.abs(tl.load(x_ptr + offs, mask=inside, other=0.0))
+            if HAS_ABOVE:
+                sel = (a > above) & inside
+            else:
+                sel = inside
+            y = tl.where(sel, a.to(tl.float64) - shift, 0.0)
+            c = tl.sum(sel.to(tl.int32), axis=0)
+            s1 = tl.sum(y, axis=0)
+            s2 = tl.sum(y * y, axis=0)  # unused (and removed by the compiler) unless SQUARES
+            hi = tl.max(tl.where(sel, a, -1.0), axis=0)
+            lo = tl.min(tl.where(sel, a, float("inf")), axis=0)
+            nz = inside & (a != 0.0)
+            z = tl.sum(nz.to(tl.int32), axis=0)
+            if LOGS:
+                lg = tl.sum(tl.where(nz, tl.log(tl.where(nz, a, 1.0).to(tl.float64)), 0.0),
+                            axis=0)
+            else:
+                lg = s1 * 0.0
+            if j == 0:
+                cnt, sum1, sum2, top, bottom, nzs, logs_sum = c, s1, s2, hi, lo, z, lg
+            else:
+                cnt += c
+                sum1 += s1
+                sum2 += s2
+                top = tl.maximum(top, hi)
+                bottom = tl.minimum(bottom, lo)
+                nzs += z
+                logs_sum += lg
+        # column-major (7 × programs): the final reduction reads each column contiguously
+        base = out_ptr + pid
+        progs = tl.num_programs(0)
+        tl.store(base + 0 * progs, cnt.to(tl.float64))
+        tl.store(base + 1 * progs, sum1)
+        if SQUARES:
+            tl.store(base + 2 * progs, sum2)
+        else:
+            tl.store(base + 2 * progs, 0.0)
+        if EXTREMES:
+            tl.store(base + 3 * progs, top.to(tl.float64))
+            tl.store(base + 4 * progs, bottom.to(tl.float64))
+        else:
+            tl.store(base + 3 * progs, -1.0)
+            tl.store(base + 4 * progs, float("inf"))
+        if EXTREMES or LOGS:
+            tl.store(base + 5 * progs, nzs.to(tl.float64))
+        else:
+            tl.store(base + 5 * progs, 0.0)
+        if LOGS:
+            tl.store(base + 6 * progs, logs_sum)
+        else:
+            tl.store(base + 6 * progs, 0.0)
+
+    @triton.jit
+    def _stats_final_kernel(part_ptr, rows, out_ptr, R: tl.constexpr):
+        # one program: the partials' columns (7 × rows, row-contiguous) added (max, min for
+        # 3, 4) in order
+        lane = tl.arange(0, 8)
+        # the identities: 0 for sums, −1 for the max (|x| ≥ 0), +inf for the min
+        acc = tl.where(lane == 3, -1.0, tl.where(lane == 4, float("inf"), 0.0)).to(tl.float64)
+        for r0 in range(0, rows, R):
+            r = r0 + tl.arange(0, R)
+            inside = r < rows
+            row = part_ptr + r
+            for j in tl.static_range(7):
+                if j == 3:
+                    v = tl.max(tl.load(row + j * rows, mask=inside, other=-1.0), axis=0)
+                    acc = tl.where(lane == j, tl.maximum(acc, v), acc)
+                elif j == 4:
+                    v = tl.min(tl.load(row + j * rows, mask=inside, other=float("inf")), axis=0)
+                    acc = tl.where(lane == j, tl.minimum(acc, v), acc)
+                else:
+                    v = tl.sum(tl.load(row + j * rows, mask=inside, other=0.0), axis=0)
+                    acc = tl.where(lane == j, acc + v, acc)
+        tl.store(out_ptr + lane, acc)
+
+    @triton.jit
+    def _nonfinite_kernel(x_ptr, n, out_ptr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+        # non-finite elements (NaN, ±Inf) per program of TILES blocks
+        pid = tl.program_id(0)
+        for j in tl.static_range(TILES):
+            offs = pid.to(tl.int64) * (TILES * BLOCK) + j * BLOCK + tl.arange(0, BLOCK)
+            x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+            c = tl.sum((tl.abs(x) == float("inf")) | (x != x), axis=0)
+            if j == 0:
+                total = c.to(tl.int32)
+            else:
+                total += c.to(tl.int32)
+        tl.store(out_ptr + pid, total)
+
+    @triton.jit
+    def _mix32(h):
+        # compressors.counter_stream._mix32_ on 32-bit words held in int64
+        h = ((h ^ (h >> 16)) * 0x21F0AAAD) & 0xFFFFFFFF
+        h = ((h ^ (h >> 15)) * 0x735A2D97) & 0xFFFFFFFF
+        return h ^ (h >> 15)
+
+    @triton.jit(do_not_specialize=["n", "s", "k0", "k1"])
+    def _sample_kernel(x_ptr, n, s, k0, k1, out_ptr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = i < s
+        h = _mix32((i & 0xFFFFFFFF) ^ k0.to(tl.int64))
+        h = _mix32(h ^ ((i >> 32) ^ k1.to(tl.int64)))
+        p = (h * n.to(tl.int64)) >> 32
+        v = tl.load(x_ptr + p, mask=inside, other=0.0)
+        tl.store(out_ptr + i, tl.abs(v), mask=inside)
+
+    @triton.jit(do_not_specialize=["nk", "m", "s0", "s1", "index_bits", "priority_shift"])
+    def _dragonn_write_kernel(keys_ptr, nk, m, s0, s1, index_bits, priority_shift, packed_ptr,
+                              BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        q = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = q < nk
+        key = tl.load(keys_ptr + q, mask=inside, other=0)
+        # compressors.dragonn._mix32 (two seeded rounds), then Lemire's slot and the
+        # (priority, index) packing of write_slots
+        h = (key & 0xFFFFFFFF) ^ s0.to(tl.int64)
+        h = ((h ^ (h >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
+        h = h ^ s1.to(tl.int64)
+        h = ((h ^ (h >> 15)) * 0x5BD1E995) & 0xFFFFFFFF
+        h = h ^ (h >> 16)
+        slot = (h * m.to(tl.int64)) >> 32
+        priority = ((h >> priority_shift.to(tl.int64)) << index_bits.to(tl.int64)) | key
+        tl.atomic_max(packed_ptr + slot, priority, mask=inside)
+
+    @triton.jit(do_not_specialize=["m", "index_bits"])
+    def _dragonn_take_kernel(packed_ptr, m, index_bits, acc_ptr, values_ptr,
+                             VALUES: tl.constexpr, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        j = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = j < m
+        packed = tl.load(packed_ptr + j, mask=inside, other=-1)
+        full = packed >= 0
+        slot = tl.where(full, packed & ((1 << index_bits.to(tl.int64)) - 1), -1)
+        tl.store(packed_ptr + j, slot, mask=inside)
+        if VALUES:
+            v = tl.load(acc_ptr + slot, mask=inside & full, other=0.0)
+            tl.store(values_ptr + j, v, mask=inside)
+
+
+def _grid(n: int, block: int) -> tuple[int]:
+    return (max(1, -(-n // block)),)
+
+
+def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
+    """#{|x| ≥ t} (#{|x| > t} when strict), t rounded to float32. One read pass."""
+    grid = _grid(x.numel(), BLOCK * TILES)
+    out = torch.empty(grid[0], dtype=torch.int64, device=x.device)
+    _count_kernel[grid](x, x.numel(), _f32(t), out, STRICT=strict, BLOCK=BLOCK, TILES=TILES,
+                        num_warps=WARPS)
+    return int(out.sum())
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """No NaN or ±Inf in x: one read pass (torch.isfinite(x).all() writes and reads a bool
+    tensor as large as x first)."""
+    grid = _grid(x.numel(), BLOCK * TILES)
+    out = torch.empty(grid[0], dtype=torch.int32, device=x.device)
+    _nonfinite_kernel[grid](x, x.numel(), out, BLOCK=BLOCK, TILES=TILES, num_warps=WARPS)
+    return int(out.sum()) == 0
+
+
+def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False,
+           index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict), mapped through
+    `index_map` when given, and with `values` their |x|. A counting pass (hits per
+    sub-block of SUB elements), their cumulative sum, one host synchronisation (the total),
+    and a writing pass that reads only the sub-blocks holding a hit."""
+    n = x.numel()
+    t = _f32(t)
+    nsub = -(-n // SUB)
+    counts = torch.empty(nsub, dtype=torch.int32, device=x.device)
+    _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, STRICT=strict, BLOCK=BLOCK,
+                                        SUB=SUB, num_warps=WARPS)
+    ends = torch.cumsum(counts, 0, dtype=torch.int64)
+    total = int(ends[-1])
+    idx = torch.empty(total, dtype=torch.int64, device=x.device)
+    val = torch.empty(total, dtype=x.dtype, device=x.device) if values else None
+    if total:
+        _select_kernel[(nsub,)](x, n, t, counts, ends, idx, idx if val is None else val,
+                                x if index_map is None else index_map, STRICT=strict,
+                                VALUES=values, MAPPED=index_map is not None, SUB=SUB,
+                                num_warps=SUB_WARPS)
+    return idx, val
+
+
+def stats_partials(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
+                   squares: bool = False, extremes: bool = False,
+                   logs: bool = False) -> torch.Tensor:
+    """The per-program partials (7 × programs, float64) that `stats` reduces."""
+    grid = _grid(x.numel(), BLOCK * TILES)
+    out = torch.empty((_STATS, grid[0]), dtype=torch.float64, device=x.device)
+    _stats_kernel[grid](x, x.numel(), 0.0 if above is None else _f32(above), _f64_bits(shift),
+                        out, HAS_ABOVE=above is not None, SQUARES=squares,
+                        EXTREMES=extremes, LOGS=logs, BLOCK=BLOCK, TILES=TILES,
+                        num_warps=WARPS)
+    return out
+
+
+def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
+          squares: bool = False, extremes: bool = False, logs: bool = False) -> tuple:
+    """(count, Σy, Σy², max, min, nonzero, Σ ln|x|) as compressors._native.stats defines
+    them: one read pass; the programs' partials are copied to the host (one
+    synchronisation) and added there in program order."""
+    part = stats_partials(x, above, shift, squares, extremes, logs)
+    out = torch.empty(8, dtype=torch.float64, device=x.device)
+    _stats_final_kernel[(1,)](part, part.shape[1], out, R=2048, num_warps=8)
+    got = out.tolist()
+    return (int(got[0]), got[1], got[2], got[3], got[4], int(got[5]), got[6])
+
+
+def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
+    """|x[p_i]|, p_i = (h(i)·n) >> 32 for i < s (the CPU kernel's positions)."""
+    out = torch.empty(s, dtype=x.dtype, device=x.device)
+    if s:
+        _sample_kernel[_grid(s, SMALL_BLOCK)](x, x.numel(), s, k0, k1, out, BLOCK=SMALL_BLOCK)
+    return out
+
+
+def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,
+                  seeds: tuple[int, int], acc: torch.Tensor, values: bool = True,
+                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """compressors._native.dragonn_slots on the device: slots (int64, −1 where empty) and
+    the values of acc there (0 where empty)."""
+    packed = torch.full((m,), -1, dtype=torch.int64, device=acc.device)
+    if keys.numel():
+        _dragonn_write_kernel[_grid(keys.numel(), SMALL_BLOCK)](
+            keys, keys.numel(), m, int(seeds[0]), int(seeds[1]), index_bits,
+            32 - priority_bits, packed, BLOCK=SMALL_BLOCK)
+    out = torch.empty(m, dtype=acc.dtype, device=acc.device) if values else None
+    _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, acc,
+                                                packed if out is None else out,
+                                                VALUES=values, BLOCK=SMALL_BLOCK)
+    return packed, out

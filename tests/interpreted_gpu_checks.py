@@ -1,0 +1,146 @@
+"""The Triton kernels of compressors/_native/gpu.py run by Triton's CPU interpreter on CPU
+tensors, against the torch expressions they replace. Not collected by default (the file
+name): tests/test_gpu_kernels.py runs it in a fresh Python with TRITON_INTERPRET=1, which
+must be set before triton is first imported."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from compressors import dragonn
+from compressors._native import gpu as kernels
+from compressors.counter_stream import counter_hash, seed_words
+
+if not kernels.INTERPRETED:
+    raise RuntimeError("run with TRITON_INTERPRET=1 (tests/test_gpu_kernels.py does)")
+
+
+def _laplace(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+    return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32)
+
+
+# one element, a partial block, several blocks with a ragged last one
+SIZES = [1, 13, 2 * 4096 + 37]
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize("quantile", [0.0, 0.5, 0.999])
+@pytest.mark.parametrize("strict", [False, True])
+def test_select_and_count_equal_torch(n, quantile, strict):
+    x = _laplace(n, seed=n)
+    x[n // 2] = -x[n // 3] if n > 2 else x[0]  # a tie of magnitudes with opposite signs
+    # a threshold equal to one of the magnitudes: it is kept (≥) or left out (>)
+    t = float(x.abs().kthvalue(max(1, int(quantile * n))).values)
+    mask = x.abs() > t if strict else x.abs() >= t
+    ref = torch.nonzero(mask).squeeze(1)
+    idx, val = kernels.select(x, t, strict=strict, values=True)
+    assert idx.dtype == torch.int64 and torch.equal(idx, ref)
+    assert torch.equal(val, x.abs()[ref])
+    assert kernels.count(x, t, strict=strict) == ref.numel()
+    # positions mapped through an index map (a pool's original positions)
+    where = torch.randperm(3 * n, generator=torch.Generator().manual_seed(1))[:n].sort().values
+    mapped, none = kernels.select(x, t, strict=strict, index_map=where)
+    assert none is None and torch.equal(mapped, where[ref])
+
+
+def test_threshold_is_rounded_to_float32_as_torch_rounds_it():
+    x = torch.tensor([1.0, 1.0 + 2**-23, 2.0])
+    t = 1.0 + 2**-25  # rounds to 1.0 in float32: torch then keeps the element 1.0
+    assert torch.equal(kernels.select(x, t)[0], torch.nonzero(x.abs() >= t).squeeze(1))
+    assert kernels.count(x, t) == 3 and kernels.count(x, t, strict=True) == 2
+
+
+def test_select_nothing_and_everything():
+    x = _laplace(5000, seed=3)
+    idx, val = kernels.select(x, float("inf"), values=True)
+    assert idx.numel() == 0 and val.numel() == 0
+    assert torch.equal(kernels.select(x, 0.0)[0], torch.arange(5000))
+    x[::7] = 0.0  # zeros are not above 0
+    assert torch.equal(kernels.select(x, 0.0, strict=True)[0], torch.nonzero(x).squeeze(1))
+
+
+@pytest.mark.parametrize("n", [*SIZES, 80_001])  # the last: programs loop over blocks
+def test_stats_match_float64_torch(n):
+    x = _laplace(n, seed=n + 1)
+    x[::5] = 0.0
+    a = x.abs().double()
+    t = float(x.abs().median())
+    shift = t / 3 + 1e-9  # not a float32 value: must reach the kernel as a double
+    got = kernels.stats(x, above=t, shift=shift, squares=True, extremes=True, logs=True)
+    above = a[x.abs() > t]
+    y = above - shift
+    nz = a[a != 0]
+    assert got[0] == above.numel() and got[5] == nz.numel()
+    assert got[1] == pytest.approx(float(y.sum()), rel=1e-12, abs=1e-300)
+    assert got[2] == pytest.approx(float((y * y).sum()), rel=1e-12, abs=1e-300)
+    if above.numel():
+        assert got[3] == float(above.max()) and got[4] == float(above.min())
+    else:
+        assert got[3] == -1.0 and got[4] == float("inf")
+    assert got[6] == pytest.approx(float(nz.log().sum()), rel=1e-12)
+    every = kernels.stats(x)
+    assert every[0] == n and every[1] == pytest.approx(float(a.sum()), rel=1e-12)
+    assert kernels.count(x, t) == int((x.abs() >= t).sum())
+    assert kernels.count(x, t, strict=True) == above.numel()
+
+
+@pytest.mark.parametrize("n", [1, 1000, 300_001])
+def test_sample_abs_reads_the_counter_stream_positions(n):
+    x = _laplace(n, seed=5) * torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0)
+    seed = 0x0123456789ABCDEF
+    s = 2500
+    got = kernels.sample_abs(x, s, *seed_words(seed))
+    positions = counter_hash(torch.arange(s), seed).mul_(n).bitwise_right_shift_(32)
+    assert torch.equal(got, x.abs()[positions])
+
+
+@pytest.mark.parametrize("numel, nk, m", [(1, 1, 1), (10, 3, 4), (5000, 700, 400),
+                                          (5000, 700, 5000), (100_000, 3000, 37)])
+def test_dragonn_slots_equal_write_slots(numel, nk, m):
+    g = torch.Generator().manual_seed(numel + nk)
+    acc = torch.randn(numel, generator=g)
+    keys = torch.randperm(numel, generator=g)[:nk].sort().values
+    seeds = dragonn.draw_hash_seeds(g)
+    index_bits, priority_bits = dragonn.priority_layout(numel)
+    slots, values = kernels.dragonn_slots(keys, m, index_bits, priority_bits,
+                                          tuple(seeds.tolist()), acc)
+    ref = dragonn.write_slots(keys, m, seeds, numel)
+    assert torch.equal(slots, ref)  # collisions (nk > m) resolved the same way
+    assert torch.equal(values, torch.where(ref >= 0, acc[ref.clamp(min=0)], 0.0))
+    bare, none = kernels.dragonn_slots(keys, m, index_bits, priority_bits,
+                                       tuple(seeds.tolist()), acc, values=False)
+    assert none is None and torch.equal(bare, ref)
+
+
+def test_only_contiguous_float32_is_taken():
+    assert kernels.supports(torch.ones(4))  # CPU tensors only under the interpreter
+    assert not kernels.supports(torch.ones(4, dtype=torch.float64))
+    assert not kernels.supports(torch.ones(4, 2).t())
+    assert not kernels.supports(torch.ones(0))
+
+
+@pytest.mark.parametrize("n", [1, 13, 80_001])
+def test_all_finite_finds_every_nan_and_inf(n):
+    x = _laplace(n, seed=9)
+    assert kernels.all_finite(x)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for where in {0, n // 2, n - 1}:
+            y = x.clone()
+            y[where] = bad
+            assert not kernels.all_finite(y)
+
+
+def test_partials_are_reduced_over_several_chunks():
+    # more partial rows than the final kernel reads at once (1024): sums carried across
+    # chunks, max and min taken over all rows
+    g = torch.Generator().manual_seed(3)
+    part = torch.rand(7, 2500, generator=g, dtype=torch.float64)
+    out = torch.empty(8, dtype=torch.float64)
+    kernels._stats_final_kernel[(1,)](part, part.shape[1], out, R=1024)
+    sums = part.sum(1)
+    for j in (0, 1, 2, 5, 6):
+        assert out[j].item() == pytest.approx(sums[j].item(), rel=1e-13)
+    assert out[3] == part[3].max() and out[4] == part[4].min()
