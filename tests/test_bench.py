@@ -96,7 +96,7 @@ def test_parse_size():
 def test_quick_json_has_floor_topk_ratios_and_decoding(capsys, tmp_path):
     out_file = tmp_path / "bench.json"
     rc = main(["bench", "--quick", "--sizes", "20000,30k", "--json", "--out", str(out_file),
-               "--threads", "1"])
+               "--threads", "1", "--device", "cpu"])
     assert rc == 0
     report = json.loads(capsys.readouterr().out)
     assert json.loads(out_file.read_text()) == report
@@ -131,7 +131,7 @@ def test_quick_json_has_floor_topk_ratios_and_decoding(capsys, tmp_path):
 
 def test_table_output_and_compressor_without_ratio(capsys):
     rc = main(["bench", "--quick", "--sizes", "5000", "--compressor", "fp16,dgc",
-               "--decode-workers", "2", "--repeats", "1"])
+               "--decode-workers", "2", "--repeats", "1", "--device", "cpu"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "floor sum(|x|)" in text and "batched (one index_add) vs dense per rank" in text
