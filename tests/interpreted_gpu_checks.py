@@ -51,6 +51,9 @@ def test_threshold_is_rounded_to_float32_as_torch_rounds_it():
     t = 1.0 + 2**-25  # rounds to 1.0 in float32: torch then keeps the element 1.0
     assert torch.equal(kernels.select(x, t)[0], torch.nonzero(x.abs() >= t).squeeze(1))
     assert kernels.count(x, t) == 3 and kernels.count(x, t, strict=True) == 2
+    big = torch.tensor([3.4028234663852886e38, 1.0])
+    for t in (3.4028235e38, 3.45e38, 1e300, float("inf")):  # near and past float32's max
+        assert torch.equal(kernels.select(big, t)[0], torch.nonzero(big.abs() >= t).squeeze(1))
 
 
 def test_select_nothing_and_everything():

@@ -27,6 +27,7 @@ run on CPU tensors: the tests use this to check them where no GPU exists.
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 
@@ -68,8 +69,12 @@ def supports(t: torch.Tensor) -> bool:
 
 
 def _f32(t: float) -> float:
-    """t rounded to float32 (as torch rounds a Python scalar compared with a float32 tensor)."""
-    return struct.unpack("f", struct.pack("f", t))[0] if abs(t) < 3.5e38 else t
+    """t rounded to float32 (as torch rounds a Python scalar compared with a float32
+    tensor): to nearest, ±inf beyond the float32 range."""
+    try:
+        return struct.unpack("f", struct.pack("f", t))[0]
+    except OverflowError:
+        return math.copysign(math.inf, t)
 
 
 def _f64_bits(v: float) -> int:
