@@ -147,3 +147,15 @@ def test_partials_are_reduced_over_several_chunks():
     for j in (0, 1, 2, 5, 6):
         assert out[j].item() == pytest.approx(sums[j].item(), rel=1e-13)
     assert out[3] == part[3].max() and out[4] == part[4].min()
+
+
+def test_self_test_passes_and_reports_a_broken_kernel(monkeypatch):
+    assert kernels.self_test("cpu") is None
+    monkeypatch.setattr(kernels, "count", lambda x, t, strict=False: -1)
+    assert kernels.self_test("cpu") == "count differs from torch"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel for this GPU")
+
+    monkeypatch.setattr(kernels, "select", broken)
+    assert kernels.self_test("cpu") == "RuntimeError: no kernel for this GPU"

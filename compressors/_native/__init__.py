@@ -213,6 +213,7 @@ def supports_cpu(t: torch.Tensor) -> bool:
 
 
 _gpu_module = None
+_gpu_checked: dict = {}  # device -> None (kernels usable) or why not
 
 
 def _gpu():
@@ -226,6 +227,20 @@ def _gpu():
     return _gpu_module if _gpu_module.available() else None
 
 
+def gpu_error(device: torch.device) -> str | None:
+    """Why the Triton kernels are not used on `device` (None when they are). Checked once
+    per device by gpu.self_test: a Triton that cannot compile for this GPU, or any result
+    that differs from torch's, sends every call to the torch paths, with a warning."""
+    if device not in _gpu_checked:
+        gpu = _gpu()
+        problem = "triton is not importable" if gpu is None else gpu.self_test(device)
+        if problem is not None and gpu is not None:
+            warnings.warn(f"gradcomp Triton kernels unusable on {device}, using the "
+                          f"pure-torch paths ({problem})", RuntimeWarning, stacklevel=3)
+        _gpu_checked[device] = problem
+    return _gpu_checked[device]
+
+
 def supports(t: torch.Tensor) -> bool:
     """Whether stats, count, select, pool, sample_abs, dragonn_slots and all_finite take
     this tensor: a CPU one the C++ library takes (supports_cpu), or a contiguous float32
@@ -235,7 +250,7 @@ def supports(t: torch.Tensor) -> bool:
     if t.device.type != "cuda" or t.requires_grad or not enabled_by_environment():
         return False
     gpu = _gpu()
-    return gpu is not None and gpu.supports(t)
+    return gpu is not None and gpu.supports(t) and gpu_error(t.device) is None
 
 
 def _threads(n: int) -> int:

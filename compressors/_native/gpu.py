@@ -21,7 +21,9 @@ each is one kernel that reads x once:
 Comparisons are made in float32 with the threshold rounded to float32, as torch does for
 `tensor >= python_float`, so selections equal the torch reference's bit for bit wherever
 the thresholds agree. Only contiguous float32 CUDA tensors are taken; everything else goes
-the reference path. With TRITON_INTERPRET=1 (Triton's CPU interpreter) the same kernels
+the reference path, as does every call on a device where `self_test` (run once per device
+by compressors._native before first use) found a kernel that fails to compile or
+disagrees with torch. With TRITON_INTERPRET=1 (Triton's CPU interpreter) the same kernels
 run on CPU tensors: the tests use this to check them where no GPU exists.
 """
 
@@ -388,3 +390,37 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
                                                 packed if out is None else out,
                                                 VALUES=values, BLOCK=SMALL_BLOCK)
     return packed, out
+
+
+def self_test(device: torch.device | str) -> str | None:
+    """Run every kernel once on a small tensor on `device` and compare with torch: None
+    when all agree, else what failed (a Triton that cannot compile for this GPU, or a
+    wrong result). compressors._native runs it once per device before using the kernels."""
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(3 * BLOCK + 5, generator=g).to(device)
+        x[7] = -x[9]  # a tie of magnitudes
+        a = x.abs()
+        t = float(a.kthvalue(x.numel() - 50).values)
+        idx, val = select(x, t, values=True)
+        ref = torch.nonzero(a >= t).squeeze(1)
+        if not (torch.equal(idx, ref) and torch.equal(val, a[ref])):
+            return "select differs from torch.nonzero"
+        if count(x, t, strict=True) != int((a > t).sum()):
+            return "count differs from torch"
+        got = stats(x, above=t, shift=t, squares=True, extremes=True)
+        y = a[a > t].double() - t
+        if got[0] != y.numel() or abs(got[1] - float(y.sum())) > 1e-9 * max(1.0, float(y.sum())):
+            return "stats differ from torch"
+        one_nan = x.clone()
+        one_nan[3] = float("nan")
+        if not all_finite(x) or all_finite(one_nan):
+            return "all_finite is wrong"
+        keys = ref.contiguous()
+        slots, _ = dragonn_slots(keys, 64, 14, 32, (1, 2), x)
+        if int((slots >= 0).sum()) == 0 or not bool(torch.isin(slots[slots >= 0], keys).all()):
+            return "dragonn_slots wrote no candidate"
+        sample_abs(x, 100, 3, 4)
+        return None
+    except Exception as exc:  # noqa: BLE001 (whatever fails: report it, take the torch path)
+        return f"{type(exc).__name__}: {exc}"
