@@ -84,7 +84,7 @@ def sample_threshold(
 ) -> torch.Tensor:
     """DGC's threshold: min of the top ⌈s·δ⌉ of s magnitudes drawn uniformly (with
     replacement) from |acc| with `generator`. 0-dim tensor in acc's dtype, on acc's device
-    (no host synchronisation on accelerators).
+    (on accelerators drawing the stream's seed is one host synchronisation).
 
     Below 2³¹ elements the s positions come from a counter-based stream keyed by one
     64-bit seed drawn from `generator`: p_i = (h(i)·d) >> 32 with

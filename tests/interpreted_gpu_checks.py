@@ -79,10 +79,9 @@ def test_stats_match_float64_torch(n):
     assert got[0] == above.numel() and got[5] == nz.numel()
     assert got[1] == pytest.approx(float(y.sum()), rel=1e-12, abs=1e-300)
     assert got[2] == pytest.approx(float((y * y).sum()), rel=1e-12, abs=1e-300)
-    if above.numel():
-        assert got[3] == float(above.max()) and got[4] == float(above.min())
-    else:
-        assert got[3] == -1.0 and got[4] == float("inf")
+    # as the CPU kernels: the max over all elements, the min over those counted
+    assert got[3] == float(a.max())
+    assert got[4] == (float(above.min()) if above.numel() else float("inf"))
     assert got[6] == pytest.approx(float(nz.log().sum()), rel=1e-12)
     every = kernels.stats(x)
     assert every[0] == n and every[1] == pytest.approx(float(a.sum()), rel=1e-12)
@@ -151,11 +150,75 @@ def test_partials_are_reduced_over_several_chunks():
 
 def test_self_test_passes_and_reports_a_broken_kernel(monkeypatch):
     assert kernels.self_test("cpu") is None
-    monkeypatch.setattr(kernels, "count", lambda x, t, strict=False: -1)
-    assert kernels.self_test("cpu") == "count differs from torch"
 
     def broken(*args, **kwargs):
         raise RuntimeError("no kernel for this GPU")
 
-    monkeypatch.setattr(kernels, "select", broken)
-    assert kernels.self_test("cpu") == "RuntimeError: no kernel for this GPU"
+    real_stats, real_dragonn = kernels.stats, kernels.dragonn_slots
+
+    def wrong_squares(*args, **kwargs):
+        got = list(real_stats(*args, **kwargs))
+        got[2] *= 1.001
+        return tuple(got)
+
+    def wrong_slots(keys, m, *args, **kwargs):
+        slots, values = real_dragonn(keys, m, *args, **kwargs)
+        return slots.roll(1), values
+
+    cases = [
+        ("count", lambda x, t, strict=False: -1, "count (strict=False) differs from torch"),
+        ("select", broken, "RuntimeError: no kernel for this GPU"),
+        ("stats", wrong_squares, "stats (above=False, squares=True, extremes=False, "
+                                 "logs=False) differ from torch"),
+        ("sample_abs", lambda x, s, k0, k1: torch.zeros(s),
+         "sample_abs differs from the counter stream's positions"),
+        ("dragonn_slots", wrong_slots, "dragonn_slots differs from write_slots"),
+    ]
+    for name, replacement, message in cases:
+        with monkeypatch.context() as m:
+            m.setattr(kernels, name, replacement)
+            assert kernels.self_test("cpu") == message
+
+
+@pytest.mark.parametrize("flags", [(False, False, False), (True, False, False),
+                                   (False, True, False), (True, True, False),
+                                   (False, False, True), (True, True, True)])
+@pytest.mark.parametrize("above", [None, 0.0, 1e-3])
+@pytest.mark.parametrize("nan", [False, True])
+def test_stats_equal_the_cpu_kernels(flags, above, nan):
+    # every field as compressors._native.stats gives it on the CPU (the C++ library),
+    # including zeros, a NaN, and `above` over which nothing or everything passes
+    from compressors import _native
+
+    squares, extremes, logs = flags
+    x = _laplace(9000, seed=2)
+    x[::7] = 0.0
+    if nan:
+        x[100] = float("nan")
+    shift = 2.5e-4
+    got = kernels.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
+                        logs=logs)
+    want = _native.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
+                         logs=logs)
+    want = (want.count, want.sum, want.sumsq, want.max, want.min, want.nonzero, want.log_sum)
+    for field, (u, v) in enumerate(zip(got, want)):
+        if v != v:  # NaN sums: both NaN
+            assert u != u, field
+        else:
+            assert u == pytest.approx(v, rel=1e-12, abs=1e-300), field
+
+
+def test_dragonn_slots_keep_the_priority_bits_beyond_2_to_31_elements():
+    # numel > 2^31: 32 index bits leave 31 priority bits (the hash shifted right by one);
+    # the keys are few, and without values acc is not read, so no large tensor is needed
+    numel = 2**31 + 5
+    g = torch.Generator().manual_seed(4)
+    keys = torch.cat([torch.randint(0, 2**31, (600,), generator=g),
+                      torch.tensor([2**31, 2**31 + 4])]).unique()
+    seeds = dragonn.draw_hash_seeds(g)
+    index_bits, priority_bits = dragonn.priority_layout(numel)
+    assert priority_bits == 31
+    slots, none = kernels.dragonn_slots(keys, 97, index_bits, priority_bits,
+                                        tuple(seeds.tolist()), torch.zeros(1), values=False)
+    assert none is None
+    assert torch.equal(slots, dragonn.write_slots(keys, 97, seeds, numel))

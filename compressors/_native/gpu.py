@@ -6,8 +6,8 @@ above it. In pure torch each of these is several kernels with full-size temporar
 (`x.abs()`, a bool mask, `nonzero`'s own passes): 5–20 reads' worth of memory traffic. Here
 each is one kernel that reads x once:
 
-- `stats`: per-block partial sums in float64 (y = |x| − shift widened before it is summed,
-  as the CPU kernels do), reduced over the blocks by torch in block order.
+- `stats`: per-program partial sums in float64 (y = |x| − shift widened before it is
+  summed, as the CPU kernels do), added in program order by one small kernel on the device.
 - `count` / `select`: a counting pass writes one count per block; a cumulative sum gives
   each block its output offset; a second pass writes the positions of its hits in order
   (a block-local prefix sum), so the result is ascending like `nonzero`'s, with no
@@ -23,8 +23,10 @@ Comparisons are made in float32 with the threshold rounded to float32, as torch 
 the thresholds agree. Only contiguous float32 CUDA tensors are taken; everything else goes
 the reference path, as does every call on a device where `self_test` (run once per device
 by compressors._native before first use) found a kernel that fails to compile or
-disagrees with torch. With TRITON_INTERPRET=1 (Triton's CPU interpreter) the same kernels
-run on CPU tensors: the tests use this to check them where no GPU exists.
+disagrees with torch. That first use compiles the kernels' variants (seconds; Triton keeps
+them in its cache for later processes). With TRITON_INTERPRET=1 (Triton's CPU
+interpreter) the same kernels run on CPU tensors: the tests use this to check them where
+no GPU exists.
 """
 
 from __future__ import annotations
@@ -165,9 +167,11 @@ if triton is not None:
             c = tl.sum(sel.to(tl.int32), axis=0)
             s1 = tl.sum(y, axis=0)
             s2 = tl.sum(y * y, axis=0)  # unused (and removed by the compiler) unless SQUARES
-            hi = tl.max(tl.where(sel, a, -1.0), axis=0)
-            lo = tl.min(tl.where(sel, a, float("inf")), axis=0)
-            nz = inside & (a != 0.0)
+            # as kernels.cpp: the max over all elements, the min over those counted, NaN in
+            # neither; nonzeros (and logs) over all elements with |x| > 0
+            hi = tl.max(tl.where(inside & (a == a), a, -1.0), axis=0)
+            lo = tl.min(tl.where(sel & (a == a), a, float("inf")), axis=0)
+            nz = inside & (a > 0.0)
             z = tl.sum(nz.to(tl.int32), axis=0)
             if LOGS:
                 lg = tl.sum(tl.where(nz, tl.log(tl.where(nz, a, 1.0).to(tl.float64)), 0.0),
@@ -328,10 +332,11 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
     t = _f32(t)
     nsub = -(-n // SUB)
     counts = torch.empty(nsub, dtype=torch.int32, device=x.device)
-    _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, STRICT=strict, BLOCK=BLOCK,
-                                        SUB=SUB, num_warps=WARPS)
+    if nsub:
+        _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, STRICT=strict,
+                                            BLOCK=BLOCK, SUB=SUB, num_warps=WARPS)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
-    total = int(ends[-1])
+    total = int(ends[-1]) if nsub else 0
     idx = torch.empty(total, dtype=torch.int64, device=x.device)
     val = torch.empty(total, dtype=x.dtype, device=x.device) if values else None
     if total:
@@ -347,6 +352,7 @@ def stats_partials(x: torch.Tensor, above: float | None = None, shift: float = 0
                    logs: bool = False) -> torch.Tensor:
     """The per-program partials (7 × programs, float64) that `stats` reduces."""
     grid = _grid(x.numel(), BLOCK * TILES)
+    extremes = extremes or logs  # as in kernels.cpp: logs imply max, min and nonzeros
     out = torch.empty((_STATS, grid[0]), dtype=torch.float64, device=x.device)
     _stats_kernel[grid](x, x.numel(), 0.0 if above is None else _f32(above), _f64_bits(shift),
                         out, HAS_ABOVE=above is not None, SQUARES=squares,
@@ -393,34 +399,72 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
 
 
 def self_test(device: torch.device | str) -> str | None:
-    """Run every kernel once on a small tensor on `device` and compare with torch: None
-    when all agree, else what failed (a Triton that cannot compile for this GPU, or a
-    wrong result). compressors._native runs it once per device before using the kernels."""
+    """Run the kernels once on `device` in the variants the compressors use and compare each
+    result with torch: None when all agree, else what failed (a Triton that cannot compile
+    for this GPU, or a wrong result). compressors._native runs it once per device before
+    using the kernels. Sizes: a multiple of 16 (how Triton specialises most gradients) for
+    every variant, and a ragged one for the common variants."""
+    from compressors.counter_stream import counter_hash, seed_words  # noqa: PLC0415
+    from compressors.dragonn import priority_layout, write_slots  # noqa: PLC0415
+
+    def close(a: float, b: float) -> bool:
+        return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
     try:
         g = torch.Generator().manual_seed(0)
-        x = torch.randn(3 * BLOCK + 5, generator=g).to(device)
-        x[7] = -x[9]  # a tie of magnitudes
-        a = x.abs()
-        t = float(a.kthvalue(x.numel() - 50).values)
-        idx, val = select(x, t, values=True)
-        ref = torch.nonzero(a >= t).squeeze(1)
-        if not (torch.equal(idx, ref) and torch.equal(val, a[ref])):
-            return "select differs from torch.nonzero"
-        if count(x, t, strict=True) != int((a > t).sum()):
-            return "count differs from torch"
-        got = stats(x, above=t, shift=t, squares=True, extremes=True)
-        y = a[a > t].double() - t
-        if got[0] != y.numel() or abs(got[1] - float(y.sum())) > 1e-9 * max(1.0, float(y.sum())):
-            return "stats differ from torch"
-        one_nan = x.clone()
-        one_nan[3] = float("nan")
-        if not all_finite(x) or all_finite(one_nan):
-            return "all_finite is wrong"
-        keys = ref.contiguous()
-        slots, _ = dragonn_slots(keys, 64, 14, 32, (1, 2), x)
-        if int((slots >= 0).sum()) == 0 or not bool(torch.isin(slots[slots >= 0], keys).all()):
-            return "dragonn_slots wrote no candidate"
-        sample_abs(x, 100, 3, 4)
+        for n, every in ((4 * BLOCK, True), (3 * BLOCK + 5, False)):
+            x = torch.randn(n, generator=g, dtype=torch.float32, device="cpu").to(device)
+            x[7] = -x[9]  # a tie of magnitudes
+            x[11] = 0.0
+            a = x.abs()
+            ad = a.double()
+            t = float(a.kthvalue(n - 50).values)
+            where = torch.arange(n, device=x.device) * 3
+            for strict in (False, True):
+                ref = torch.nonzero(a > t if strict else a >= t).squeeze(1)
+                if count(x, t, strict=strict) != ref.numel():
+                    return f"count (strict={strict}) differs from torch"
+                for values in ((False, True) if every else (True,)):
+                    for mapped in ((False, True) if every else (False,)):
+                        idx, val = select(x, t, strict=strict, values=values,
+                                          index_map=where if mapped else None)
+                        if not torch.equal(idx, where[ref] if mapped else ref) or (
+                                values and not torch.equal(val, a[ref])):
+                            return (f"select (strict={strict}, values={values}, "
+                                    f"mapped={mapped}) differs from torch.nonzero")
+            combos = ([(above, sq, ext, lg) for above in (None, t) for sq in (False, True)
+                       for ext in (False, True) for lg in (False, True)] if every
+                      else [(None, False, False, False), (t, True, True, False)])
+            nz = ad[ad > 0]
+            for above, sq, ext, lg in combos:
+                got = stats(x, above=above, shift=0.25, squares=sq, extremes=ext, logs=lg)
+                chosen = ad[ad > t] if above is not None else ad
+                y = chosen - 0.25
+                want = [chosen.numel(), float(y.sum()), float((y * y).sum()) if sq else 0.0]
+                if ext or lg:
+                    want += [float(ad.max()), float(chosen.min()), nz.numel()]
+                else:
+                    want += [-1.0, float("inf"), 0]
+                want.append(float(nz.log().sum()) if lg else 0.0)
+                if not all(close(float(u), float(v)) for u, v in zip(got, want)):
+                    return (f"stats (above={above is not None}, squares={sq}, extremes={ext}, "
+                            f"logs={lg}) differ from torch")
+            one_nan = x.clone()
+            one_nan[3] = float("nan")
+            if not all_finite(x) or all_finite(one_nan):
+                return "all_finite is wrong"
+            seed = 0x0123456789ABCDEF
+            positions = (counter_hash(torch.arange(1000, device=x.device), seed) * n) >> 32
+            if not torch.equal(sample_abs(x, 1000, *seed_words(seed)), a[positions]):
+                return "sample_abs differs from the counter stream's positions"
+            keys = torch.nonzero(a >= t).squeeze(1)
+            seeds = (0x9E3779B9, 12345)
+            ref = write_slots(keys, 37, torch.tensor(seeds, device=x.device), n)
+            for values in (True, False):
+                slots, vals = dragonn_slots(keys, 37, *priority_layout(n), seeds, x, values)
+                if not torch.equal(slots, ref) or (values and not torch.equal(
+                        vals, torch.where(ref >= 0, x[ref.clamp(min=0)], 0.0))):
+                    return "dragonn_slots differs from write_slots"
         return None
     except Exception as exc:  # noqa: BLE001 (whatever fails: report it, take the torch path)
         return f"{type(exc).__name__}: {exc}"
