@@ -112,7 +112,9 @@ def _build(compiler: str) -> Path:
     os.close(fd)
     try:
         errors = []
-        for arch in (["-march=native"], []):
+        # OpenMP first (the parts then run on torch's own OpenMP workers, common.h), and
+        # the host's instruction set first; then without either.
+        for arch in (["-march=native", "-fopenmp"], ["-fopenmp"], ["-march=native"], []):
             cmd = [compiler, *_BASE_FLAGS, *arch, *(str(HERE / name) for name in SOURCES),
                    "-o", tmp]
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)

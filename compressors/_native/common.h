@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 #include <cmath>
 #include <climits>
 #include <cstdint>
@@ -17,6 +18,9 @@
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
 #if defined(__AVX__)
 #include <immintrin.h>
 #endif
@@ -26,37 +30,58 @@ namespace {
 constexpr int64_t BLOCK = 1 << 15;
 constexpr int LANES = 8;
 
+// f(part) for every part in [0, nth), on up to nth threads. Built with OpenMP (the
+// default where the compiler has it), the parts run in an OpenMP team: the library then
+// links libgomp.so.1, which resolves to the copy torch has already loaded, so the parts
+// run on torch's own worker threads instead of beside them (separate threads compete for
+// the cores with torch's workers while those spin after torch's last parallel op), and
+// no thread is created per call. Otherwise std::threads. An exception thrown by any part
+// is rethrown here, after every part has finished.
 template <typename F>
-void parallel_blocks(int64_t n, int threads, F&& body) {
-  // body(first_block, last_block) over contiguous ranges of blocks, one per thread.
-  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
-  int nth = std::max<int64_t>(1, std::min<int64_t>(threads, blocks));
-  if (nth == 1) {
-    body(0, blocks, 0);
+void run_parts(int nth, F&& f) {
+  if (nth <= 1) {
+    f(0);
     return;
   }
+  std::exception_ptr error;
+  std::mutex error_mutex;
+  auto guarded = [&](int part) {
+    try {
+      f(part);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  };
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(nth)
+  {
+    // a team smaller than asked (a thread limit, nesting): each thread takes more parts
+    const int got = omp_get_num_threads();
+    for (int part = omp_get_thread_num(); part < nth; part += got) guarded(part);
+  }
+#else
   std::vector<std::thread> pool;
   pool.reserve(nth - 1);
-  for (int t = 1; t < nth; ++t) {
-    const int64_t b0 = blocks * t / nth, b1 = blocks * (t + 1) / nth;
-    pool.emplace_back([&body, b0, b1, t] { body(b0, b1, t); });
-  }
-  body(0, blocks / nth, 0);
+  for (int t = 1; t < nth; ++t) pool.emplace_back([&guarded, t] { guarded(t); });
+  guarded(0);
   for (auto& th : pool) th.join();
+#endif
+  if (error) std::rethrow_exception(error);
+}
+
+template <typename F>
+void parallel_blocks(int64_t n, int threads, F&& body) {
+  // body(first_block, last_block, part) over contiguous ranges of blocks, one per part.
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
+  run_parts(nth, [&](int t) { body(blocks * t / nth, blocks * (t + 1) / nth, t); });
 }
 
 template <typename F>
 void parallel_range(int64_t count, int threads, F&& body) {
-  int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
-  if (nth == 1) { body(0, count); return; }
-  std::vector<std::thread> pool;
-  pool.reserve(nth - 1);
-  for (int t = 1; t < nth; ++t) {
-    const int64_t a = count * t / nth, b = count * (t + 1) / nth;
-    pool.emplace_back([&body, a, b] { body(a, b); });
-  }
-  body(0, count / nth);
-  for (auto& th : pool) th.join();
+  const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, count)));
+  run_parts(nth, [&](int t) { body(count * t / nth, count * (t + 1) / nth); });
 }
 
 // Four lanes of doubles (GCC/Clang vector extensions: AVX2 registers where the CPU has
