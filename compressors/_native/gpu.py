@@ -364,8 +364,8 @@ def stats_partials(x: torch.Tensor, above: float | None = None, shift: float = 0
 def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
           squares: bool = False, extremes: bool = False, logs: bool = False) -> tuple:
     """(count, Σy, Σy², max, min, nonzero, Σ ln|x|) as compressors._native.stats defines
-    them: one read pass; the programs' partials are copied to the host (one
-    synchronisation) and added there in program order."""
+    them: one read pass; the programs' partials are added in program order by one small
+    kernel on the device, and the 7 results copied to the host (one synchronisation)."""
     part = stats_partials(x, above, shift, squares, extremes, logs)
     out = torch.empty(8, dtype=torch.float64, device=x.device)
     _stats_final_kernel[(1,)](part, part.shape[1], out, R=2048, num_warps=8)
