@@ -87,6 +87,10 @@ class Context:
     acc_writable: bool = False
     # False lets protocols skip statistics that cost extra passes (union size, ...).
     measure: bool = True
+    # True when the Session left the NaN/Inf check of `acc` to the protocol (the compressor
+    # said so by folds_finite_check): its first full read of acc must raise
+    # compressors._native.NonFinite on a NaN or an Inf, before it changes any state.
+    check_finite: bool = False
 
     @property
     def is_leader(self) -> bool:
@@ -248,6 +252,12 @@ class Compressor(abc.ABC):
         """Elements sent per worker for a tensor of `numel` when it is known in advance
         (fixed-size payloads); None when it depends on the data (thresholds)."""
         return None
+
+    def folds_finite_check(self, acc: torch.Tensor) -> bool:
+        """Whether this compressor's protocol finds a NaN or an Inf in `acc` in its own
+        first full read of it (a native statistics or selection pass), before it changes
+        any state, so the Session may skip its separate read pass (ctx.check_finite)."""
+        return False
 
 
 class Sparsifier(Compressor):

@@ -186,8 +186,10 @@ class DGC(Sparsifier):
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
         if _native.supports(acc):
-            # One fused pass: positions and |acc| of the candidates, no full-size buffer.
-            candidates, chosen = _native.select(acc, float(threshold), values=True)
+            # One fused pass: positions and |acc| of the candidates, no full-size buffer
+            # (and the folded NaN/Inf check when the Session asks: ctx.check_finite).
+            candidates, chosen = _native.select(acc, float(threshold), values=True,
+                                                check_finite=ctx.check_finite)
         else:
             magnitude = acc.abs()
             candidates = flat_nonzero(magnitude >= threshold)
@@ -202,6 +204,10 @@ class DGC(Sparsifier):
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         return self.select_with_stats(acc, k, ctx)[0]
+
+    def folds_finite_check(self, acc: torch.Tensor) -> bool:
+        # The sample reads 1% of acc; the selection pass reads all of it and checks.
+        return _native.supports(acc)
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         numel = acc.numel()

@@ -215,6 +215,10 @@ class Dragonn(Compressor):
     def sent_elements(self, numel: int) -> int:
         return self.memory_size(numel)
 
+    def folds_finite_check(self, acc: torch.Tensor) -> bool:
+        # The sample reads 1% of acc; the selection pass reads all of it and checks.
+        return _native.supports(acc)
+
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
@@ -223,7 +227,8 @@ class Dragonn(Compressor):
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
         if _native.supports(acc):  # one fused pass, no |acc| or mask buffer
-            candidates = _native.select(acc, float(threshold))[0]
+            candidates = _native.select(acc, float(threshold),
+                                        check_finite=ctx.check_finite)[0]
         else:
             candidates = flat_nonzero(acc.abs() >= threshold)
         seeds = draw_hash_seeds(ctx.generator, acc.device)

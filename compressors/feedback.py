@@ -16,6 +16,9 @@ from compressors.base import Sent, SparseSent
 
 class ErrorFeedback(abc.ABC):
     name: str = ""
+    # compensate() returns the gradient itself and writes nothing (the Session may then
+    # leave the NaN/Inf check to the compressor: nothing is modified before it runs).
+    passes_through: bool = False
 
     @abc.abstractmethod
     def compensate(self, grad: torch.Tensor, state: dict[str, Any]) -> torch.Tensor:
@@ -37,6 +40,7 @@ class NoFeedback(ErrorFeedback):
     """Nothing is kept: for exact compressors and the ones their papers run without EF."""
 
     name = "none"
+    passes_through = True
 
     def compensate(self, grad, state):
         return grad

@@ -44,6 +44,16 @@ def all_finite(grad: torch.Tensor) -> bool:
     return bool(torch.isfinite(grad).all())
 
 
+def nonfinite_error(name: str, grad: torch.Tensor) -> FloatingPointError:
+    """The error for a gradient holding NaN or Inf, with the fix."""
+    bad = "NaN" if bool(torch.isnan(grad).any()) else "Inf"
+    return FloatingPointError(
+        f"gradient {name!r} contains {bad}; compressing it would spread it into every "
+        "worker's error feedback. Lower the learning rate, clip gradients, or check "
+        "the loss scale (fp16) before the exchange"
+    )
+
+
 def validate_gradient(name: str, grad: torch.Tensor, check_finite: bool = True) -> None:
     """Refuse what no compressor can handle, with the fix in the message."""
     if not isinstance(grad, torch.Tensor):
@@ -56,12 +66,7 @@ def validate_gradient(name: str, grad: torch.Tensor, check_finite: bool = True) 
     if grad.numel() == 0:
         raise ValueError(f"gradient {name!r} is empty; drop empty tensors before compressing")
     if check_finite and not all_finite(grad):
-        bad = "NaN" if bool(torch.isnan(grad).any()) else "Inf"
-        raise FloatingPointError(
-            f"gradient {name!r} contains {bad}; compressing it would spread it into every "
-            "worker's error feedback. Lower the learning rate, clip gradients, or check "
-            "the loss scale (fp16) before the exchange"
-        )
+        raise nonfinite_error(name, grad)
 
 
 class Session:
@@ -127,8 +132,20 @@ class Session:
         protocol overwrite `grad` (a DDP bucket buffer without error feedback).
         `finite_checked=True`: the caller has already found `grad` finite (for example by
         one check of the whole DDP bucket it lives in), so the per-tensor check is skipped."""
-        validate_gradient(name, grad, self.check_finite and not finite_checked)
-        flat = grad.reshape(-1)
+        # The NaN/Inf check is one read of the gradient. Where nothing is written before
+        # the compressor runs (no error feedback) and the compressor finds non-finite
+        # values in its own first read of acc, that read does it (ctx.check_finite);
+        # otherwise validate_gradient does it here, before anything is written.
+        check = self.check_finite and not finite_checked
+        flat = None
+        folded = False
+        if (check and self.feedback.passes_through and isinstance(grad, torch.Tensor)
+                and grad.dtype in FLOAT_DTYPES and grad.numel() > 0):
+            flat = grad.reshape(-1)
+            folded = self.compressor.folds_finite_check(flat)
+        validate_gradient(name, grad, check and not folded)
+        if flat is None:
+            flat = grad.reshape(-1)
         if layout is None:
             layout = (Segment(name, 0, flat.numel(), tuple(grad.shape)),)
         elif sum(s.numel for s in layout) != flat.numel():
@@ -150,7 +167,11 @@ class Session:
             layout=layout,
             acc_writable=writable and acc is flat and flat.data_ptr() == grad.data_ptr(),
             measure=self.measure,
+            check_finite=folded,
         )
+        # The compressor may draw from the worker's stream before its first full read:
+        # on a NaN/Inf the stream is put back, so a skipped step changes nothing.
+        rng_state = ctx.generator.get_state() if folded else None
         gen = self.compressor.protocol(acc, ctx)
         answer: Any = None
         nbytes = 0
@@ -162,6 +183,11 @@ class Session:
             except StopIteration as stop:
                 outcome = stop.value
                 break
+            except _native.NonFinite:
+                if rng_state is None or rounds:
+                    raise
+                ctx.generator.set_state(rng_state)
+                raise nonfinite_error(name, grad) from None
             segments.append(time.perf_counter() - t0)
             requests, _ = as_round(item)
             nbytes += sum(payload_bytes(r, self.rank) for r in requests)

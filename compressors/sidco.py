@@ -41,6 +41,7 @@ from compressors.threshold import (
     SAFE_MEAN,
     ThresholdSparsifier,
     check_finite_range,
+    check_sum_finite,
     check_positive_int,
     empty_indices,
     magnitudes,
@@ -226,7 +227,7 @@ class _SIDCo(ThresholdSparsifier):
         state = ctx.state
         stages = state.setdefault("stages", self.initial_stages)
         ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
-        found = self._select_native(acc, ratios) if use_native(acc) else None
+        found = self._select_native(acc, ratios, ctx) if use_native(acc) else None
         if found is None:
             found = self._select_reference(acc, ratios)
         indices, threshold = found
@@ -257,7 +258,7 @@ class _SIDCo(ThresholdSparsifier):
             threshold = self._later_threshold(pool, threshold, ratio)
         return nonzero_indices(mag >= threshold), threshold * scale
 
-    def _select_native(self, acc: torch.Tensor, ratios: list[float]):
+    def _select_native(self, acc: torch.Tensor, ratios: list[float], ctx: Context):
         """The same stages on fused native passes: one read of acc for the first fit's
         statistics, one that compacts the first stage's survivors (positions and |acc|),
         later stages on those survivors only, and the final selection from the last pool
@@ -265,6 +266,7 @@ class _SIDCo(ThresholdSparsifier):
         the data need the reference path's rescaling."""
         first = self.first_fit
         st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
+        check_sum_finite(acc, st.sum, ctx)  # the folded NaN/Inf check (ctx.check_finite)
         numel = st.count
         mean = st.sum / numel
         if mean == 0.0:

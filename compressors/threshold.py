@@ -58,9 +58,19 @@ def use_native(acc: torch.Tensor) -> bool:
     return _native.supports(acc)
 
 
-def native_select(acc: torch.Tensor, threshold: float) -> torch.Tensor:
-    """Ascending int64 positions of |acc| ≥ threshold, in one fused pass (native path)."""
-    return _native.select(acc, threshold)[0]
+def native_select(acc: torch.Tensor, threshold: float, check_finite: bool = False,
+                  ) -> torch.Tensor:
+    """Ascending int64 positions of |acc| ≥ threshold, in one fused pass (native path);
+    `check_finite`: the same read raises _native.NonFinite on a NaN or an Inf."""
+    return _native.select(acc, threshold, check_finite=check_finite)[0]
+
+
+def check_sum_finite(acc: torch.Tensor, total: float, ctx: Context) -> None:
+    """The folded NaN/Inf check (ctx.check_finite) from a native pass's float64 Σ|acc|:
+    for float32 data it is finite exactly when every element is (it cannot overflow); a
+    float64 sum may overflow with finite elements, so then one check pass decides."""
+    if ctx.check_finite and not math.isfinite(total) and not _native.all_finite(acc):
+        raise _native.NonFinite("the tensor holds NaN or Inf")
 
 
 def mean_abs(mag: torch.Tensor) -> float:
@@ -113,10 +123,14 @@ def moments_from_sums(mean: float, second: float, centred) -> tuple[float, float
     return mean, max(var, 0.0)
 
 
-def native_mean_and_variance(x: torch.Tensor, shift: float = 0.0) -> tuple[int, float, float]:
+def native_mean_and_variance(x: torch.Tensor, shift: float = 0.0, ctx: Context | None = None,
+                             ) -> tuple[int, float, float]:
     """(count, mean, variance) of |x| − shift over all of x, by the fused native kernel
-    (one pass; a second only under cancellation). x holds magnitudes or signed values."""
+    (one pass; a second only under cancellation). x holds magnitudes or signed values.
+    With `ctx`, that pass is also the folded NaN/Inf check (check_sum_finite)."""
     st = _native.stats(x, shift=shift, squares=True)
+    if ctx is not None:
+        check_sum_finite(x, st.sum + st.count * shift, ctx)
     n = st.count
     mean, var = moments_from_sums(
         st.sum / n, st.sumsq / n,
@@ -155,6 +169,11 @@ class ThresholdSparsifier(Sparsifier):
     def report(self, ctx: Context, **extra: Any) -> None:
         ctx.state[_EXTRA] = extra
 
+    def folds_finite_check(self, acc: torch.Tensor) -> bool:
+        # Every subclass here starts its native path with a statistics or selection pass
+        # over all of acc that checks (check_sum_finite, native_select(check_finite=...)).
+        return use_native(acc)
+
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         outcome = yield from super().protocol(acc, ctx)
         outcome.extra.update(ctx.state.pop(_EXTRA, {}))
@@ -176,10 +195,12 @@ class HardThreshold(ThresholdSparsifier):
             hint="λ is the fixed magnitude above which coordinates are sent")
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        self.report(ctx, threshold=self.lam)
         if use_native(acc):
-            return native_select(acc, self.lam)
-        return nonzero_indices(magnitudes(acc) >= self.lam)
+            indices = native_select(acc, self.lam, check_finite=ctx.check_finite)
+        else:
+            indices = nonzero_indices(magnitudes(acc) >= self.lam)
+        self.report(ctx, threshold=self.lam)
+        return indices
 
 
 @register("gaussianksgd")
@@ -202,7 +223,7 @@ class GaussianKSGD(ThresholdSparsifier):
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         if use_native(acc):
-            n, mean_f, var_f = native_mean_and_variance(acc)
+            n, mean_f, var_f = native_mean_and_variance(acc, ctx=ctx)
             if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
                 return self._search(k, ctx, mean_f, var_f, 1.0,
                                     lambda t: (_native.count(acc, t), None),
@@ -256,6 +277,7 @@ class RedSync(ThresholdSparsifier):
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         if use_native(acc):
             st = _native.stats(acc, extremes=True)
+            check_sum_finite(acc, st.sum, ctx)
             mean_f = st.sum / st.count
             if st.max == 0.0:
                 self.report(ctx, threshold=0.0, converged=False, probes=0)
@@ -317,12 +339,16 @@ class MSTopK(ThresholdSparsifier):
         super().__init__(ratio)
         self.steps = check_positive_int(steps, "steps")
 
+    def folds_finite_check(self, acc: torch.Tensor) -> bool:
+        return use_native(acc) and acc.dtype == torch.float32  # the native path's condition
+
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         if use_native(acc) and acc.dtype == torch.float32:
             # The same search on fused passes: counts by gc_count, the probe set compacted
             # by gc_pool to {|x| ≥ the new lower bound} (as the torch path: a later probe
             # may round to the same float32 as the bound), the selection by gc_select.
             st = _native.stats(acc, extremes=True)
+            check_sum_finite(acc, st.sum, ctx)
             mean_f = st.sum / st.count
             if st.max == 0.0:
                 self.report(ctx, threshold=0.0, count=0)

@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 1
+ABI_VERSION = 2
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool(): above this expected kept fraction, callers ask for the branch-free ("dense")
@@ -139,7 +139,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.restype = _C_INT64
         f = getattr(lib, f"gc_select_begin_{suffix}")
         f.argtypes = [ptr, _P, _C_INT64, ctypes.c_int, ctypes.c_double, ctypes.c_int,
-                      ctypes.c_int, _C_INT64, ctypes.POINTER(_C_INT64)]
+                      ctypes.c_int, _C_INT64, ctypes.c_int, ctypes.POINTER(ctypes.c_int),
+                      ctypes.POINTER(_C_INT64)]
         f.restype = _P
         f = getattr(lib, f"gc_fwht_{suffix}")
         f.argtypes = [ptr, _C_INT64, _C_INT64, ctypes.c_int]
@@ -267,6 +268,11 @@ def _fn(name: str, t: torch.Tensor):
     return getattr(lib, f"{name}_{_SUFFIX[t.dtype]}")
 
 
+class NonFinite(FloatingPointError):
+    """A kernel asked to check (select(check_finite=True)) found a NaN or an Inf. The
+    Session turns it into its own error for the gradient (compressors.session)."""
+
+
 @dataclass(frozen=True)
 class Stats:
     """Over the elements counted (all, or |x| > above): count, Σy, Σy² with y = |x| − shift,
@@ -304,20 +310,29 @@ def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
 
 
 def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False,
-           index_map: torch.Tensor | None = None, reserve: int = 0,
+           index_map: torch.Tensor | None = None, reserve: int = 0, check_finite: bool = False,
            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
     `values`, their |x| (x's dtype). With `index_map` (int64, one per element of x) the
-    positions are mapped through it. One read pass; outputs allocated at their exact size."""
+    positions are mapped through it. One read pass; outputs allocated at their exact size.
+    `check_finite`: raise NonFinite when x holds a NaN or an Inf, found in the same read
+    (the CPU kernel; CUDA checks first with all_finite)."""
     if x.device.type == "cuda":  # two read passes (count, write); `reserve` is a CPU hint
+        if check_finite and not _gpu().all_finite(x):
+            raise NonFinite("the tensor holds NaN or Inf")
         return _gpu().select(x, t, strict=strict, values=values, index_map=index_map)
     n = x.numel()
     total = _C_INT64(0)
+    bad = ctypes.c_int(0)
     handle = _fn("gc_select_begin", x)(
         x.data_ptr(), None if index_map is None else index_map.data_ptr(), n, _threads(n),
-        float(t), int(strict), int(values), int(reserve), ctypes.byref(total))
+        float(t), int(strict), int(values), int(reserve), int(check_finite),
+        ctypes.byref(bad), ctypes.byref(total))
     if not handle:
         raise MemoryError("native selection could not allocate its buffers")
+    if bad.value:
+        _fn("gc_select_take", x)(handle, None, None, None)  # frees the selection
+        raise NonFinite("the tensor holds NaN or Inf")
     idx = torch.empty(total.value, dtype=torch.int64)
     val = torch.empty(total.value, dtype=x.dtype) if values else None
     _fn("gc_select_take", x)(handle, idx.data_ptr(), None,

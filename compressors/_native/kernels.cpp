@@ -425,51 +425,71 @@ inline void write_hits(const T* x, const int64_t* map, int64_t i, int64_t end, T
   out.size = k;
 }
 
-template <bool STRICT>
+// CHECK: also find whether any element is NaN or ±Inf (|x| ≤ max finite fails for both),
+// OR-ed into *bad: the finiteness check folded into the selection's read.
+template <bool STRICT, bool CHECK>
 void select_range_f32(const float* x, const int64_t* map, int64_t lo, int64_t hi, float tt,
-                      Hits<float>& out) {
+                      Hits<float>& out, int* bad) {
   // float32: groups of 16 tested in float32 lanes (no widening), the rare groups with a
   // hit written branch-free as below.
   const v8f tv = {tt, tt, tt, tt, tt, tt, tt, tt};
-  for (int64_t i = lo; i < hi; i += 16) {
-    const int64_t end = std::min(hi, i + 16);
-    if (end - i == 16) {
-      const v8f a0 = vabs8(load8(x + i)), a1 = vabs8(load8(x + i + 8));
-      const v8i m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
-      if (!mask8(m)) continue;
-    }
-    write_hits<float, STRICT>(x, map, i, end, tt, out);
+  const float fm = std::numeric_limits<float>::max();
+  const v8f mv = {fm, fm, fm, fm, fm, fm, fm, fm};
+  v8i nonfinite = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = lo;
+  for (; i + 16 <= hi; i += 16) {
+    const v8f a0 = vabs8(load8(x + i)), a1 = vabs8(load8(x + i + 8));
+    if (CHECK) nonfinite |= ~((a0 <= mv) & (a1 <= mv));
+    const v8i m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
+    if (!mask8(m)) continue;
+    write_hits<float, STRICT>(x, map, i, i + 16, tt, out);
   }
+  if (i < hi) {
+    if (CHECK)
+      for (int64_t j = i; j < hi; ++j) nonfinite[0] |= std::fabs(x[j]) <= fm ? 0 : -1;
+    write_hits<float, STRICT>(x, map, i, hi, tt, out);
+  }
+  if (CHECK && mask8(nonfinite)) *bad = 1;
 }
 
-template <typename T, bool STRICT>
+template <typename T, bool STRICT, bool CHECK>
 void select_range(const T* x, const int64_t* map, int64_t lo, int64_t hi, double t,
-                  Hits<T>& out) {
+                  Hits<T>& out, int* bad) {
   const T tt = static_cast<T>(t);
   if constexpr (std::is_same<T, float>::value) {
-    select_range_f32<STRICT>(x, map, lo, hi, tt, out);
+    select_range_f32<STRICT, CHECK>(x, map, lo, hi, tt, out, bad);
     return;
   }
   const double td = static_cast<double>(tt);
   const v4d tv = {td, td, td, td};
+  const double dm = std::numeric_limits<double>::max();
+  const v4d mv = {dm, dm, dm, dm};
+  v4l nonfinite = {0, 0, 0, 0};
   int64_t i = lo;
-  for (; i < hi; i += 8) {
-    const int64_t end = std::min(hi, i + 8);
-    if (end - i == 8) {
-      const v4d a0 = vabs(load4(x + i)), a1 = vabs(load4(x + i + 4));
-      const v4l m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
-      if (!((m[0] | m[1]) | (m[2] | m[3]))) continue;
-    }
-    write_hits<T, STRICT>(x, map, i, end, tt, out);
+  for (; i + 8 <= hi; i += 8) {
+    const v4d a0 = vabs(load4(x + i)), a1 = vabs(load4(x + i + 4));
+    if (CHECK) nonfinite |= ~((a0 <= mv) & (a1 <= mv));
+    const v4l m = STRICT ? ((a0 > tv) | (a1 > tv)) : ((a0 >= tv) | (a1 >= tv));
+    if (!((m[0] | m[1]) | (m[2] | m[3]))) continue;
+    write_hits<T, STRICT>(x, map, i, i + 8, tt, out);
   }
+  if (i < hi) {
+    if (CHECK)
+      for (int64_t j = i; j < hi; ++j) nonfinite[0] |= std::fabs(x[j]) <= dm ? 0 : -1;
+    write_hits<T, STRICT>(x, map, i, hi, tt, out);
+  }
+  if (CHECK && ((nonfinite[0] | nonfinite[1]) | (nonfinite[2] | nonfinite[3]))) *bad = 1;
 }
 
+// `check`: *nonfinite set to 1 when any element is NaN or ±Inf (the selection is then
+// meaningless; the caller discards it), else 0.
 template <typename T>
 void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, double t, int strict,
-                   int values, int64_t reserve, int64_t* total) {
+                   int values, int64_t reserve, int check, int* nonfinite, int64_t* total) {
   auto* sel = new (std::nothrow) Selection<T>();
   if (!sel) return nullptr;
   const int nth = std::max(1, threads);
+  std::vector<int> bad(nth, 0);
   try {
     sel->parts.resize(nth);
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
@@ -477,15 +497,22 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
       Hits<T>& h = sel->parts[tid];
       h.values = values != 0;
       h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
-      if (strict)
-        select_range<T, true>(x, map, lo, hi, t, h);
-      else
-        select_range<T, false>(x, map, lo, hi, t, h);
+      int* b = &bad[tid];
+      if (strict) {
+        if (check) select_range<T, true, true>(x, map, lo, hi, t, h, b);
+        else select_range<T, true, false>(x, map, lo, hi, t, h, b);
+      } else {
+        if (check) select_range<T, false, true>(x, map, lo, hi, t, h, b);
+        else select_range<T, false, false>(x, map, lo, hi, t, h, b);
+      }
     });
   } catch (...) {
     delete sel;
     return nullptr;
   }
+  int any = 0;
+  for (int v : bad) any |= v;
+  if (nonfinite) *nonfinite = any;
   for (auto& h : sel->parts) sel->total += h.size;
   *total = sel->total;
   return sel;
@@ -586,8 +613,8 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
           if (strict) compact_block_dense<true>(x, lo, hi, pt, h);
           else compact_block_dense<false>(x, lo, hi, pt, h);
         } else {
-          if (strict) select_range_f32<true>(x, nullptr, lo, hi, pt, h);
-          else select_range_f32<false>(x, nullptr, lo, hi, pt, h);
+          if (strict) select_range_f32<true, false>(x, nullptr, lo, hi, pt, h, nullptr);
+          else select_range_f32<false, false>(x, nullptr, lo, hi, pt, h, nullptr);
         }
       }
     });
@@ -700,7 +727,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 1; }
+int gc_abi_version() { return 2; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -729,8 +756,9 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   }                                                                                           \
   void* gc_select_begin_##SUFFIX(const T* x, const int64_t* map, int64_t n, int threads,      \
                                  double t, int strict, int values, int64_t reserve,           \
-                                 int64_t* total) {                                            \
-    return select_begin<T>(x, map, n, threads, t, strict, values, reserve, total);            \
+                                 int check, int* nonfinite, int64_t* total) {                 \
+    return select_begin<T>(x, map, n, threads, t, strict, values, reserve, check, nonfinite,  \
+                           total);                                                            \
   }                                                                                           \
   void gc_sample_abs_##SUFFIX(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1,     \
                               int threads, T* out) {                                          \
