@@ -46,6 +46,26 @@ def test_select_and_count_equal_torch(n, quantile, strict):
     assert none is None and torch.equal(mapped, where[ref])
 
 
+@pytest.mark.parametrize("n", SIZES)
+def test_select_check_finite_finds_nan_and_inf_anywhere(n):
+    from compressors._native import NonFinite
+
+    x = _laplace(n, seed=n + 7)
+    t = float(x.abs().kthvalue(max(1, n - 3)).values)
+    ref = torch.nonzero(x.abs() >= t).squeeze(1)
+    idx, val = kernels.select(x, t, values=True, check_finite=True)
+    assert torch.equal(idx, ref) and torch.equal(val, x.abs()[ref])
+    for pos in sorted({0, n // 2, n - 1}):
+        for bad in (float("nan"), float("inf"), float("-inf")):
+            y = x.clone()
+            y[pos] = bad
+            with pytest.raises(NonFinite):
+                kernels.select(y, t, check_finite=True)
+            # unchecked, the same call selects as torch does (NaN never passes)
+            assert torch.equal(kernels.select(y, t)[0],
+                               torch.nonzero(y.abs() >= t).squeeze(1))
+
+
 def test_threshold_is_rounded_to_float32_as_torch_rounds_it():
     x = torch.tensor([1.0, 1.0 + 2**-23, 2.0])
     t = 1.0 + 2**-25  # rounds to 1.0 in float32: torch then keeps the element 1.0

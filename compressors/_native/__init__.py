@@ -315,12 +315,10 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
     `values`, their |x| (x's dtype). With `index_map` (int64, one per element of x) the
     positions are mapped through it. One read pass; outputs allocated at their exact size.
-    `check_finite`: raise NonFinite when x holds a NaN or an Inf, found in the same read
-    (the CPU kernel; CUDA checks first with all_finite)."""
-    if x.device.type == "cuda":  # two read passes (count, write); `reserve` is a CPU hint
-        if check_finite and not _gpu().all_finite(x):
-            raise NonFinite("the tensor holds NaN or Inf")
-        return _gpu().select(x, t, strict=strict, values=values, index_map=index_map)
+    `check_finite`: raise NonFinite when x holds a NaN or an Inf, found in the same read."""
+    if x.device.type == "cuda":  # a counting pass, then a writing one; `reserve`: CPU hint
+        return _gpu().select(x, t, strict=strict, values=values, index_map=index_map,
+                             check_finite=check_finite)
     n = x.numel()
     total = _C_INT64(0)
     bad = ctypes.c_int(0)

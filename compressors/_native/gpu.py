@@ -101,15 +101,20 @@ if triton is not None:
         return a, hit
 
     @triton.jit
-    def _sub_counts_kernel(x_ptr, n, t, counts_ptr, nsub, STRICT: tl.constexpr,
-                           BLOCK: tl.constexpr, SUB: tl.constexpr):
-        # hits per sub-block of SUB elements (BLOCK // SUB of them per program)
+    def _sub_counts_kernel(x_ptr, n, t, counts_ptr, nsub, flag_ptr, STRICT: tl.constexpr,
+                           CHECK: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr):
+        # hits per sub-block of SUB elements (BLOCK // SUB of them per program); CHECK:
+        # programs that saw a NaN or an Inf add 1 to flag_ptr[0] (the folded check)
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         a, hit = _hits(x_ptr, offs, n, t, STRICT)
         per_sub = tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK // SUB, SUB)), axis=1)
         sub = pid.to(tl.int64) * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
         tl.store(counts_ptr + sub, per_sub, mask=sub < nsub)
+        if CHECK:
+            bad = tl.sum(((a == float("inf")) | (a != a)).to(tl.int32), axis=0)
+            if bad > 0:
+                tl.atomic_add(flag_ptr, 1)
 
     @triton.jit
     def _select_kernel(x_ptr, n, t, counts_ptr, ends_ptr, idx_ptr, val_ptr, map_ptr,
@@ -323,20 +328,32 @@ def all_finite(x: torch.Tensor) -> bool:
 
 
 def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False,
-           index_map: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+           index_map: torch.Tensor | None = None, check_finite: bool = False,
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict), mapped through
     `index_map` when given, and with `values` their |x|. A counting pass (hits per
     sub-block of SUB elements), their cumulative sum, one host synchronisation (the total),
-    and a writing pass that reads only the sub-blocks holding a hit."""
+    and a writing pass that reads only the sub-blocks holding a hit. `check_finite`: the
+    counting pass also looks for NaN and Inf (read back in the same synchronisation) and
+    compressors._native.NonFinite is raised when it finds one."""
     n = x.numel()
     t = _f32(t)
     nsub = -(-n // SUB)
     counts = torch.empty(nsub, dtype=torch.int32, device=x.device)
+    flag = torch.zeros(1, dtype=torch.int64, device=x.device) if check_finite else counts
     if nsub:
-        _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, STRICT=strict,
-                                            BLOCK=BLOCK, SUB=SUB, num_warps=WARPS)
+        _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, flag, STRICT=strict,
+                                            CHECK=check_finite, BLOCK=BLOCK, SUB=SUB,
+                                            num_warps=WARPS)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
-    total = int(ends[-1]) if nsub else 0
+    if check_finite:
+        total, bad = torch.cat((ends[-1:], flag)).tolist() if nsub else (0, 0)
+        if bad:
+            from compressors._native import NonFinite  # noqa: PLC0415 (the package)
+
+            raise NonFinite("the tensor holds NaN or Inf")
+    else:
+        total = int(ends[-1]) if nsub else 0
     idx = torch.empty(total, dtype=torch.int64, device=x.device)
     val = torch.empty(total, dtype=x.dtype, device=x.device) if values else None
     if total:
@@ -453,6 +470,17 @@ def self_test(device: torch.device | str) -> str | None:
             one_nan[3] = float("nan")
             if not all_finite(x) or all_finite(one_nan):
                 return "all_finite is wrong"
+            ref = torch.nonzero(a >= t).squeeze(1)
+            if not torch.equal(select(x, t, check_finite=True)[0], ref):
+                return "select (check_finite=True) differs from torch.nonzero"
+            for bad in (float("nan"), float("-inf")):
+                one_bad = x.clone()
+                one_bad[n - 1] = bad
+                try:
+                    select(one_bad, t, check_finite=True)
+                    return f"select (check_finite=True) misses a {bad}"
+                except FloatingPointError:  # compressors._native.NonFinite
+                    pass
             seed = 0x0123456789ABCDEF
             positions = (counter_hash(torch.arange(1000, device=x.device), seed) * n) >> 32
             if not torch.equal(sample_abs(x, 1000, *seed_words(seed)), a[positions]):
