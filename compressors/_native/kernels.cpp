@@ -93,8 +93,10 @@ inline void block_count_sum_f32(const float* x, int64_t n, float above, double s
     const v8i m = a > tv;
     c -= m;
     const v8f am = (v8f)((v8i)a & m);
-    s0 += __builtin_convertvector(__builtin_shufflevector(am, am, 0, 1, 2, 3), v4d);
-    s1 += __builtin_convertvector(__builtin_shufflevector(am, am, 4, 5, 6, 7), v4d);
+    v4d w0, w1;
+    widen8(am, w0, w1);
+    s0 += w0;
+    s1 += w1;
   }
   double s = hsum(s0 + s1);
   int64_t cnt = 0;
@@ -111,7 +113,7 @@ inline void block_count_sum_f32(const float* x, int64_t n, float above, double s
 // float32, every element: |x| taken and max/min/nonzeros found in float32 lanes (exact),
 // only the sums widened; lanes 0-3 and 4-7 of each group of 8 go to the same two
 // accumulators as in the general loop, so the sums are the same bit for bit.
-template <bool SQ, bool EXT>
+template <bool SQ, bool EXT, bool SHIFT>
 void block_all_f32(const float* x, int64_t n, double shift, Partial& p) {
   const v4d sh = {shift, shift, shift, shift};
   v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;
@@ -121,8 +123,12 @@ void block_all_f32(const float* x, int64_t n, double shift, Partial& p) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const v8f a = vabs8(load8(x + i));
-    const v4d y0 = __builtin_convertvector(__builtin_shufflevector(a, a, 0, 1, 2, 3), v4d) - sh;
-    const v4d y1 = __builtin_convertvector(__builtin_shufflevector(a, a, 4, 5, 6, 7), v4d) - sh;
+    v4d y0, y1;
+    widen8(a, y0, y1);
+    if (SHIFT) {  // without a shift y = |x| exactly: the subtraction of 0 is left out
+      y0 -= sh;
+      y1 -= sh;
+    }
     s0 += y0;
     s1 += y1;
     if (SQ) {
@@ -162,7 +168,10 @@ void block_stats(const T* x, int64_t n, double above, double shift, Partial& p) 
     return;
   }
   if constexpr (std::is_same<T, float>::value && ALL) {
-    block_all_f32<SQ, EXT>(x, n, shift, p);
+    if (shift == 0.0)
+      block_all_f32<SQ, EXT, false>(x, n, shift, p);
+    else
+      block_all_f32<SQ, EXT, true>(x, n, shift, p);
     return;
   }
   const v4d abv = {above, above, above, above};
