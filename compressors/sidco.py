@@ -289,13 +289,16 @@ class _SIDCo(ThresholdSparsifier):
         # Stage 2 fits the exceedances straight from acc (a stats pass with no output);
         # from stage 3 on, the survivors (a fraction δ₁·δ₂ of acc) are compacted once
         # with their positions and later passes read only them.
-        base, pool_idx, pool = None, None, acc
+        # maps[0]: acc positions of the first pool; maps[j]: positions in pool j of pool
+        # j + 1. Only the final selection (about δ·d elements) is mapped back through them.
+        base, maps, pool = None, [], acc
         for stage, ratio in enumerate(ratios[1:]):
             if stage > 0:
                 # The fraction of `pool` expected above the threshold: δ₁·δ₂ of acc for the
                 # first pool, then the previous stage's ratio of the pool.
-                keep = ratios[0] * ratios[1] if pool_idx is None else ratios[stage]
-                pool_idx, pool = _compact(pool, threshold, pool_idx, keep)
+                keep = ratios[0] * ratios[1] if not maps else ratios[stage]
+                local, pool = _compact(pool, threshold, keep)
+                maps.append(local)
                 base = threshold
                 if pool.numel() == 0:
                     break
@@ -306,7 +309,10 @@ class _SIDCo(ThresholdSparsifier):
             threshold = new
         if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
             return native_select(acc, threshold), threshold
-        return _native.select(pool, threshold, index_map=pool_idx)[0], threshold
+        indices = _native.select(pool, threshold)[0]
+        for positions in reversed(maps):
+            indices = positions.index_select(0, indices)
+        return indices, threshold
 
     def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float,
                                 above: float | None = None) -> float | None:
@@ -342,15 +348,18 @@ class _SIDCo(ThresholdSparsifier):
         state["quality_steps"] = 0
 
 
-def _compact(pool: torch.Tensor, t: float, pool_idx: torch.Tensor | None,
-             keep: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions in acc (int64, ascending) and magnitudes of the elements of `pool` with
-    |x| > t; `pool_idx` maps pool positions to acc positions (None: pool is acc)."""
+def _compact(pool: torch.Tensor, t: float, keep: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Positions in `pool` (int64, ascending) and magnitudes of its elements with |x| > t;
+    `keep`: the fraction expected to pass."""
     if pool.dtype == torch.float32:
-        _, local, values = _native.pool(pool, t, dense=keep > _native.DENSE_FRACTION,
-                                        reserve=int(1.25 * keep * pool.numel()) + 1024)
-        return (local if pool_idx is None else pool_idx.index_select(0, local)), values
-    return _native.select(pool, t, strict=True, values=True, index_map=pool_idx,
+        # int32 positions below 2^31 elements (index_select takes them; the payload's
+        # indices are int32 there anyway): the dense compaction then writes less
+        _, local, values = _native.pool(
+            pool, t, dense=keep > _native.DENSE_FRACTION,
+            reserve=int(1.25 * keep * pool.numel()) + 1024,
+            index_dtype=torch.int32 if pool.numel() < 1 << 31 else torch.int64)
+        return local, values
+    return _native.select(pool, t, strict=True, values=True,
                           reserve=int(2 * keep * pool.numel()))
 
 

@@ -161,6 +161,12 @@ def check_finite_range(value: Any, name: str, low: float, high: float, *, low_op
     return float(value)
 
 
+def _pool_index_dtype(pool: torch.Tensor) -> torch.dtype:
+    """MSTopK keeps only a pool's values: int32 positions (below 2^31 elements) make the
+    dense compaction cheaper."""
+    return torch.int32 if pool.numel() < 1 << 31 else torch.int64
+
+
 class ThresholdSparsifier(Sparsifier):
     """A sparsifier that keeps {i : |acc_i| ≥ t}. Subclasses implement `select` and call
     `self.report(ctx, ...)` with their diagnostics (at least the threshold t in the units
@@ -358,7 +364,8 @@ class MSTopK(ThresholdSparsifier):
                     k, ctx, acc, mean_f, st.max, 1.0,
                     count_fn=lambda pool, t: (_native.count(pool, t), None),
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
-                        pool, t, dense=keep > _native.DENSE_FRACTION, strict=False)[2],
+                        pool, t, dense=keep > _native.DENSE_FRACTION, strict=False,
+                        index_dtype=_pool_index_dtype(pool))[2],
                     select_fn=lambda t: native_select(acc, t))
         mag = magnitudes(acc)
         max_f = float(mag.max())

@@ -39,13 +39,16 @@ def _with_threads(n: int, fn):
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("quantile", [0.0, 0.5, 0.9375, 0.999])
-def test_pool_equals_select_and_stats(n, dense, quantile):
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_pool_equals_select_and_stats(n, dense, quantile, index_dtype):
     x = _laplace(n, seed=n)
     # A threshold equal to one of the magnitudes: that element must be left out (strict).
     t = float(x.abs().kthvalue(max(1, int(quantile * n))).values)
     st, idx, val = _native.pool(x, t, above=t / 2, shift=t / 2, squares=True, extremes=True,
-                                dense=dense)
+                                dense=dense, index_dtype=index_dtype)
     ref_idx, ref_val = _native.select(x, t, strict=True, values=True)
+    assert idx.dtype == index_dtype
+    idx = idx.long()
     assert torch.equal(idx, ref_idx)
     assert torch.equal(val, ref_val)
     assert torch.equal(idx, torch.nonzero(x.abs() > t).squeeze(1))
@@ -57,11 +60,13 @@ def test_pool_equals_select_and_stats(n, dense, quantile):
 
 @needs_native
 @pytest.mark.parametrize("dense", [False, True])
-def test_pool_does_not_depend_on_the_thread_count(dense):
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+def test_pool_does_not_depend_on_the_thread_count(dense, index_dtype):
     x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=3)
     t = float(x.abs().quantile(0.9))
     runs = [_with_threads(k, lambda: _native.pool(x, t, above=t / 3, shift=t / 3,
-                                                  squares=True, dense=dense))
+                                                  squares=True, dense=dense,
+                                                  index_dtype=index_dtype))
             for k in (1, 2, 3)]
     for st, idx, val in runs[1:]:
         assert st == runs[0][0]
@@ -72,6 +77,8 @@ def test_pool_does_not_depend_on_the_thread_count(dense):
 def test_pool_refuses_float64():
     with pytest.raises(TypeError, match="float32"):
         _native.pool(torch.zeros(10, dtype=torch.float64), 0.5)
+    with pytest.raises(ValueError, match="int64, or int32"):
+        _native.pool(torch.zeros(10), 0.5, index_dtype=torch.int16)
 
 
 @needs_native

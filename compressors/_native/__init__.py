@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 2
+ABI_VERSION = 3
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool(): above this expected kept fraction, callers ask for the branch-free ("dense")
@@ -161,7 +161,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_pool_begin_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_double,
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int, _C_INT64, _P,
-                                      ctypes.POINTER(_C_INT64)]
+                                      ctypes.POINTER(_C_INT64), ctypes.c_int]
     lib.gc_pool_begin_f32.restype = _P
     lib.gc_release_scratch.argtypes = []
     lib.gc_release_scratch.restype = None
@@ -340,33 +340,41 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
 
 def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0.0,
          squares: bool = False, extremes: bool = False, dense: bool = False, reserve: int = 0,
-         strict: bool = True) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
-    """float32 only. Ascending positions (int64) and |x| of {|x| > t} ({|x| ≥ t} when not
-    `strict`) (the next "pool"),
+         strict: bool = True, index_dtype: torch.dtype = torch.int64,
+         ) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
+    """float32 only. Ascending positions (`index_dtype`: int64, or int32 for fewer than
+    2^31 elements) and |x| of {|x| > t} ({|x| ≥ t} when not `strict`) (the next "pool"),
     and, when `above` is given, in the same read the statistics `stats(x, above, shift,
     squares, extremes)` would return (bit for bit: the same per-block partials; nonzeros
     count only with `extremes`, no logs). `dense`: more than a few percent are expected to
-    pass (the hits are written branch-free). One read pass of x."""
+    pass (the hits are written branch-free; with int32 positions, a store less per group
+    of 8). One read pass of x."""
     if x.dtype != torch.float32 or not supports(x):
         raise TypeError(f"pool() takes contiguous CPU float32 tensors (or CUDA ones with "
                         f"Triton), got {x.dtype} on {x.device} (contiguous: {x.is_contiguous()})")
+    n = x.numel()
+    if index_dtype not in (torch.int64, torch.int32) or (
+            index_dtype == torch.int32 and n >= 1 << 31):
+        raise ValueError(f"pool() positions are int64, or int32 below 2^31 elements; got "
+                         f"{index_dtype} for {n} elements")
     if x.device.type == "cuda":  # a statistics pass, then the selection
         st = None if above is None else stats(x, above, shift, squares, extremes)
         idx, val = _gpu().select(x, t, strict=strict, values=True)
-        return st, idx, val
-    n = x.numel()
+        return st, idx.to(index_dtype), val
     out = (ctypes.c_double * 7)()
     total = _C_INT64(0)
     flags = (1 if squares else 0) | (2 if extremes else 0)
+    narrow = index_dtype == torch.int32
     handle = load().gc_pool_begin_f32(
         x.data_ptr(), n, _threads(n), 0.0 if above is None else float(above), float(shift),
         flags, int(above is not None), float(t), int(strict), int(dense), int(reserve), out,
-        ctypes.byref(total))
+        ctypes.byref(total), int(narrow))
     if not handle:
         raise MemoryError("native pool could not allocate its buffers")
-    idx = torch.empty(total.value, dtype=torch.int64)
+    idx = torch.empty(total.value, dtype=index_dtype)
     val = torch.empty(total.value, dtype=x.dtype)
-    _fn("gc_select_take", x)(handle, idx.data_ptr(), None, val.data_ptr())
+    _fn("gc_select_take", x)(handle, None if narrow else idx.data_ptr(),
+                             idx.data_ptr() if narrow else None, val.data_ptr())
     st = None
     if above is not None:
         st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])

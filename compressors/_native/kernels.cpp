@@ -380,24 +380,27 @@ void grow(Buf& b, size_t bytes) {
 // room reserved for branch-free writes).
 template <typename T>
 struct Hits {
-  int64_t* idx = nullptr;
+  int64_t* idx = nullptr;  // positions: int64, or int32 (in the same buffer) when `narrow`
   T* val = nullptr;
   int64_t size = 0, cap = 0;
-  bool values = false;
+  bool values = false, narrow = false;
   Buf bi, bv;
   ~Hits() { pool_give(bi); pool_give(bv); }
   Hits() = default;
   Hits(Hits&& o) noexcept { *this = std::move(o); }
   Hits& operator=(Hits&& o) noexcept {
     std::swap(idx, o.idx); std::swap(val, o.val); std::swap(size, o.size);
-    std::swap(cap, o.cap); std::swap(values, o.values); std::swap(bi, o.bi); std::swap(bv, o.bv);
+    std::swap(cap, o.cap); std::swap(values, o.values); std::swap(narrow, o.narrow);
+    std::swap(bi, o.bi); std::swap(bv, o.bv);
     return *this;
   }
+  int32_t* idx32() const { return reinterpret_cast<int32_t*>(idx); }
   void ensure(int64_t need) {
     if (need <= cap) return;
+    const size_t width = narrow ? sizeof(int32_t) : sizeof(int64_t);
     int64_t c = std::max<int64_t>(need, std::max<int64_t>(1024, cap * 2));
-    grow(bi, c * sizeof(int64_t));
-    c = std::max<int64_t>(c, bi.bytes / sizeof(int64_t));
+    grow(bi, c * width);
+    c = std::max<int64_t>(c, bi.bytes / width);
     if (values) {
       grow(bv, c * sizeof(T));
       c = std::min<int64_t>(c, bv.bytes / sizeof(T));
@@ -552,11 +555,14 @@ struct PermTable {
 const PermTable perm_table;
 #endif
 
-template <bool STRICT>
+// NARROW: positions stored as int32 (the caller guarantees n < 2^31 − 16): one 256-bit
+// store per group of 8 instead of two, about a fifth of the loop's time on Zen 1.
+template <bool STRICT, bool NARROW>
 void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<float>& out) {
   out.ensure(out.size + (hi - lo) + 16);
   int64_t k = out.size;
   int64_t* idx = out.idx;
+  int32_t* idx32 = out.idx32();
   float* val = out.val;
   int64_t i = lo;
 #if defined(__AVX2__)
@@ -572,10 +578,14 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
       _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
       const __m256i q = _mm256_permutevar8x32_epi32(pos, p);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + k),
-                          _mm256_cvtepi32_epi64(_mm256_castsi256_si128(q)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + k + 4),
-                          _mm256_cvtepi32_epi64(_mm256_extracti128_si256(q, 1)));
+      if (NARROW) {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx32 + k), q);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + k),
+                            _mm256_cvtepi32_epi64(_mm256_castsi256_si128(q)));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx + k + 4),
+                            _mm256_cvtepi32_epi64(_mm256_extracti128_si256(q, 1)));
+      }
       k += __builtin_popcount(static_cast<unsigned>(m));
       pos = _mm256_add_epi32(pos, eight);
     }
@@ -583,16 +593,20 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
 #endif
   for (; i < hi; ++i) {
     const float a = std::fabs(x[i]);
-    idx[k] = i;
+    if (NARROW)
+      idx32[k] = static_cast<int32_t>(i);
+    else
+      idx[k] = i;
     val[k] = a;
     k += STRICT ? (a > tt) : (a >= tt);
   }
   out.size = k;
 }
 
+// `narrow` (dense pools of n < 2^31 − 16 only): positions kept as int32.
 void* pool_begin(const float* x, int64_t n, int threads, double above, double shift, int flags,
                  int want_stats, double pool_t, int strict, int dense, int64_t reserve, double* out,
-                 int64_t* total) {
+                 int64_t* total, int narrow) {
   auto* sel = new (std::nothrow) Selection<float>();
   if (!sel) return nullptr;
   const int nth = std::max(1, threads);
@@ -600,12 +614,14 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
   const float pt = static_cast<float>(pool_t);
   const double abv = static_cast<double>(static_cast<float>(above));
   const bool sq = flags & 1, ext = (flags & 2) != 0;
+  const bool narrow32 = narrow && dense && n < (int64_t(1) << 31) - 16;
   try {
     std::vector<Partial> part(want_stats ? blocks : 0);
     sel->parts.resize(nth);
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
       Hits<float>& h = sel->parts[tid];
       h.values = true;
+      h.narrow = narrow32;
       h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
@@ -618,9 +634,12 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
             else block_stats<float, false, false, false>(x + lo, hi - lo, abv, shift, part[b]);
           }
         }
-        if (dense) {
-          if (strict) compact_block_dense<true>(x, lo, hi, pt, h);
-          else compact_block_dense<false>(x, lo, hi, pt, h);
+        if (narrow32) {
+          if (strict) compact_block_dense<true, true>(x, lo, hi, pt, h);
+          else compact_block_dense<false, true>(x, lo, hi, pt, h);
+        } else if (dense) {
+          if (strict) compact_block_dense<true, false>(x, lo, hi, pt, h);
+          else compact_block_dense<false, false>(x, lo, hi, pt, h);
         } else {
           if (strict) select_range_f32<true, false>(x, nullptr, lo, hi, pt, h, nullptr);
           else select_range_f32<false, false>(x, nullptr, lo, hi, pt, h, nullptr);
@@ -723,9 +742,15 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
   advise_huge(val_out, sel->total * sizeof(T));
   int64_t at = 0;
   for (auto& h : sel->parts) {
-    if (idx_out && h.size) std::memcpy(idx_out + at, h.idx, h.size * sizeof(int64_t));
-    if (idx32_out)
-      for (int64_t j = 0; j < h.size; ++j) idx32_out[at + j] = static_cast<int32_t>(h.idx[j]);
+    if (h.narrow) {
+      if (idx32_out && h.size) std::memcpy(idx32_out + at, h.idx32(), h.size * sizeof(int32_t));
+      if (idx_out)
+        for (int64_t j = 0; j < h.size; ++j) idx_out[at + j] = h.idx32()[j];
+    } else {
+      if (idx_out && h.size) std::memcpy(idx_out + at, h.idx, h.size * sizeof(int64_t));
+      if (idx32_out)
+        for (int64_t j = 0; j < h.size; ++j) idx32_out[at + j] = static_cast<int32_t>(h.idx[j]);
+    }
     if (val_out && h.val && h.size) std::memcpy(val_out + at, h.val, h.size * sizeof(T));
     at += h.size;
   }
@@ -736,7 +761,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 2; }
+int gc_abi_version() { return 3; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -750,9 +775,9 @@ void gc_release_scratch() {
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
                         int flags, int want_stats, double pool_t, int strict, int dense,
-                        int64_t reserve, double* out, int64_t* total) {
+                        int64_t reserve, double* out, int64_t* total, int narrow) {
   return pool_begin(x, n, threads, above, shift, flags, want_stats, pool_t, strict, dense, reserve,
-                    out, total);
+                    out, total, narrow);
 }
 
 #define GC_DEFINE(SUFFIX, T)                                                                 \
