@@ -352,12 +352,13 @@ def _compact(pool: torch.Tensor, t: float, keep: float) -> tuple[torch.Tensor, t
     """Positions in `pool` (int64, ascending) and magnitudes of its elements with |x| > t;
     `keep`: the fraction expected to pass."""
     if pool.dtype == torch.float32:
-        # int32 positions below 2^31 elements (index_select takes them; the payload's
-        # indices are int32 there anyway): the dense compaction then writes less
+        # On the CPU, int32 positions below 2^31 elements (index_select takes them; the
+        # payload's indices are int32 there anyway): the dense compaction writes less.
+        narrow = pool.device.type == "cpu" and pool.numel() < 1 << 31
         _, local, values = _native.pool(
             pool, t, dense=keep > _native.DENSE_FRACTION,
             reserve=int(1.25 * keep * pool.numel()) + 1024,
-            index_dtype=torch.int32 if pool.numel() < 1 << 31 else torch.int64)
+            index_dtype=torch.int32 if narrow else torch.int64)
         return local, values
     return _native.select(pool, t, strict=True, values=True,
                           reserve=int(2 * keep * pool.numel()))

@@ -162,9 +162,10 @@ def check_finite_range(value: Any, name: str, low: float, high: float, *, low_op
 
 
 def _pool_index_dtype(pool: torch.Tensor) -> torch.dtype:
-    """MSTopK keeps only a pool's values: int32 positions (below 2^31 elements) make the
-    dense compaction cheaper."""
-    return torch.int32 if pool.numel() < 1 << 31 else torch.int64
+    """MSTopK keeps only a pool's values: on the CPU, int32 positions (below 2^31
+    elements) make the dense compaction cheaper."""
+    narrow = pool.device.type == "cpu" and pool.numel() < 1 << 31
+    return torch.int32 if narrow else torch.int64
 
 
 class ThresholdSparsifier(Sparsifier):
