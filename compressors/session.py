@@ -153,6 +153,7 @@ class Session:
                 f"layout of {name!r} covers {sum(s.numel for s in layout)} elements but the "
                 f"gradient has {flat.numel()}"
             )
+        created = name not in self.states
         st = self.state(name)
         t0 = time.perf_counter()
         acc = self.feedback.compensate(flat, st["feedback"])
@@ -187,6 +188,8 @@ class Session:
                 if rng_state is None or rounds:
                     raise
                 ctx.generator.set_state(rng_state)
+                if created:  # the worker is left as if this call had not happened
+                    del self.states[name]
                 raise nonfinite_error(name, grad) from None
             segments.append(time.perf_counter() - t0)
             requests, _ = as_round(item)

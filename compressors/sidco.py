@@ -225,11 +225,14 @@ class _SIDCo(ThresholdSparsifier):
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         state = ctx.state
-        stages = state.setdefault("stages", self.initial_stages)
+        stages = state.get("stages", self.initial_stages)
         ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
         found = self._select_native(acc, ratios, ctx) if use_native(acc) else None
         if found is None:
             found = self._select_reference(acc, ratios)
+        # kept only once the first read of acc has passed (ctx.check_finite: nothing is
+        # written before a NaN/Inf is found)
+        state["stages"] = stages
         indices, threshold = found
         if indices is None:  # all zero: nothing to send, and no information for adaptation
             self.report(ctx, stages=len(ratios), threshold=0.0)

@@ -19,9 +19,12 @@ needs_native = pytest.mark.skipif(not _native.available(),
 
 FOLDING = ["hard_threshold", "gaussianksgd", "redsync", "mstopk", "sidco_e", "sidco_gp",
            "sidco_p", "dgc", "dragonn"]
-# 70_001: several native blocks on two threads and a ragged tail after the last group of 16.
+# 70_001: several native blocks (one thread) and a ragged tail after the last group of 16.
 N = 70_001
 POSITIONS = [0, 15, 16, 40_000, N - 1]
+# Large enough for the kernels to split the work over two threads: the flags of every
+# thread's part must reach the result.
+N_THREADED = 4 * _native.MIN_PER_THREAD + 5
 
 
 def _grad(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -113,6 +116,44 @@ def test_float64_sum_overflow_is_not_mistaken_for_inf(dtype):
     assert overflows == (dtype == torch.float64)
     out = _run(Session(compressors.build("sidco_e", ratio=0.01), feedback="none"), grad)
     assert out.selected > 0 and torch.isfinite(out.aggregate).all()
+
+
+@needs_native
+@pytest.mark.parametrize("name", FOLDING)
+def test_a_failed_first_step_leaves_no_state(name):
+    sess = Session(_build(name), feedback="none", seed=5)
+    grad = _grad(8)
+    grad[N // 2] = float("nan")
+    with pytest.raises(FloatingPointError, match="contains NaN"):
+        _run(sess, grad)
+    assert sess.states == {}
+    # the state a later good step creates is the one a fresh worker creates
+    twin = Session(_build(name), feedback="none", seed=5)
+    a, b = _run(sess, _grad(9)), _run(twin, _grad(9))
+    assert torch.equal(a.sent.indices, b.sent.indices)
+    assert sess.states.keys() == twin.states.keys()
+    assert sess.states["w"]["compressor"].keys() == twin.states["w"]["compressor"].keys()
+
+
+@needs_native
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_select_check_finite_on_two_threads(dtype):
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        g = torch.Generator().manual_seed(11)
+        x = torch.randn(N_THREADED, generator=g, dtype=torch.float64).to(dtype)
+        t = 3.0
+        assert torch.equal(_native.select(x, t, check_finite=True)[0],
+                           (x.abs() >= t).nonzero().view(-1))
+        # positions in the second thread's part only (and its last element)
+        for pos in (N_THREADED // 2 + 1, 3 * N_THREADED // 4, N_THREADED - 1):
+            y = x.clone()
+            y[pos] = float("nan")
+            with pytest.raises(_native.NonFinite):
+                _native.select(y, t, check_finite=True)
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_native

@@ -501,8 +501,9 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
   auto* sel = new (std::nothrow) Selection<T>();
   if (!sel) return nullptr;
   const int nth = std::max(1, threads);
-  std::vector<int> bad(nth, 0);
+  std::vector<int> bad;
   try {
+    bad.assign(nth, 0);
     sel->parts.resize(nth);
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
       const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
