@@ -6,8 +6,8 @@ over Top-k on synthetic tensors of 0.26M, 2.6M and 26M elements at ratios 0.1, 0
 decoding vs dense per-rank decoding over K workers).
 
 How each number is taken:
-- encode / decode: a single-worker Session (no error feedback, no extra statistics) runs
-  the compressor's protocol; encode is the compute before its requests (and between
+- encode / decode: a single-worker Session (no error feedback, no extra statistics, no
+  NaN/Inf check: the compressor alone) runs the compressor's protocol; encode is the compute before its requests (and between
   rounds), decode the compute after the last answer. The driver here answers the
   requests itself and synchronises the device at every boundary, so CUDA times are
   kernel times, not launch times. Median of `repeats` calls after one warm-up call.
