@@ -23,10 +23,10 @@ Comparisons are made in float32 with the threshold rounded to float32, as torch 
 the thresholds agree. Only contiguous float32 CUDA tensors are taken; everything else goes
 the reference path, as does every call on a device where `self_test` (run once per device
 by compressors._native before first use) found a kernel that fails to compile or
-disagrees with torch. That first use compiles the kernels' variants (seconds; Triton keeps
-them in its cache for later processes). With TRITON_INTERPRET=1 (Triton's CPU
-interpreter) the same kernels run on CPU tensors: the tests use this to check them where
-no GPU exists.
+disagrees with torch. That first use compiles every variant (26 s on an H100 with an empty
+cache; Triton keeps them in its cache, so later processes load them). With
+TRITON_INTERPRET=1 (Triton's CPU interpreter) the same kernels run on CPU tensors: the
+tests use this to check them where no GPU exists.
 """
 
 from __future__ import annotations
