@@ -41,8 +41,8 @@ from compressors.threshold import (
     SAFE_MEAN,
     ThresholdSparsifier,
     check_finite_range,
-    check_sum_finite,
     check_positive_int,
+    check_sum_finite,
     empty_indices,
     magnitudes,
     mean_abs,
@@ -50,6 +50,7 @@ from compressors.threshold import (
     moments_from_sums,
     native_select,
     nonzero_indices,
+    pool_index_dtype,
     rescale_for_moments,
     use_native,
 )
@@ -352,16 +353,12 @@ class _SIDCo(ThresholdSparsifier):
 
 
 def _compact(pool: torch.Tensor, t: float, keep: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions in `pool` (int64, ascending) and magnitudes of its elements with |x| > t;
-    `keep`: the fraction expected to pass."""
+    """Positions in `pool` (ascending; int32 on the CPU, see pool_index_dtype) and
+    magnitudes of its elements with |x| > t; `keep`: the fraction expected to pass."""
     if pool.dtype == torch.float32:
-        # On the CPU, int32 positions below 2^31 elements (index_select takes them; the
-        # payload's indices are int32 there anyway): the dense compaction writes less.
-        narrow = pool.device.type == "cpu" and pool.numel() < 1 << 31
         _, local, values = _native.pool(
             pool, t, dense=keep > _native.DENSE_FRACTION,
-            reserve=int(1.25 * keep * pool.numel()) + 1024,
-            index_dtype=torch.int32 if narrow else torch.int64)
+            reserve=int(1.25 * keep * pool.numel()) + 1024, index_dtype=pool_index_dtype(pool))
         return local, values
     return _native.select(pool, t, strict=True, values=True,
                           reserve=int(2 * keep * pool.numel()))

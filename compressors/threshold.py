@@ -161,9 +161,11 @@ def check_finite_range(value: Any, name: str, low: float, high: float, *, low_op
     return float(value)
 
 
-def _pool_index_dtype(pool: torch.Tensor) -> torch.dtype:
-    """MSTopK keeps only a pool's values: on the CPU, int32 positions (below 2^31
-    elements) make the dense compaction cheaper."""
+def pool_index_dtype(pool: torch.Tensor) -> torch.dtype:
+    """The positions dtype to ask _native.pool for: int32 on the CPU below 2^31 elements
+    (the dense compaction then stores one vector of positions per group of 8 instead of
+    two; index_select takes int32, and payload indices are int32 there anyway), else int64
+    (on CUDA the selection writes int64: a conversion would only add a kernel)."""
     narrow = pool.device.type == "cpu" and pool.numel() < 1 << 31
     return torch.int32 if narrow else torch.int64
 
@@ -366,7 +368,7 @@ class MSTopK(ThresholdSparsifier):
                     count_fn=lambda pool, t: (_native.count(pool, t), None),
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
                         pool, t, dense=keep > _native.DENSE_FRACTION, strict=False,
-                        index_dtype=_pool_index_dtype(pool))[2],
+                        index_dtype=pool_index_dtype(pool))[2],
                     select_fn=lambda t: native_select(acc, t))
         mag = magnitudes(acc)
         max_f = float(mag.max())

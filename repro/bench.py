@@ -7,10 +7,11 @@ decoding vs dense per-rank decoding over K workers).
 
 How each number is taken:
 - encode / decode: a single-worker Session (no error feedback, no extra statistics, no
-  NaN/Inf check: the compressor alone) runs the compressor's protocol; encode is the compute before its requests (and between
-  rounds), decode the compute after the last answer. The driver here answers the
-  requests itself and synchronises the device at every boundary, so CUDA times are
-  kernel times, not launch times. Median of `repeats` calls after one warm-up call.
+  NaN/Inf check: the compressor alone) runs the compressor's protocol; encode is the
+  compute before its requests (and between rounds), decode the compute after the last
+  answer. The driver here answers the requests itself and synchronises the device at
+  every boundary, so CUDA times are kernel times, not launch times. Median of `repeats`
+  calls after one warm-up call.
 - floor: one read pass over the same tensor, `torch.sum` of a precomputed |x| (what any
   selection must at least do), with `torch.linalg.vector_norm(x, 1)` (abs fused into the
   reduction) as a second reference. Every encode time is reported over the floor and
