@@ -189,7 +189,7 @@ class DGC(Sparsifier):
             # One fused pass: positions and |acc| of the candidates, no full-size buffer
             # (and the folded NaN/Inf check when the Session asks: ctx.check_finite).
             candidates, chosen = _native.select(acc, float(threshold), values=True,
-                                                check_finite=ctx.check_finite)
+                                                check_finite=ctx.check_finite, reserve=k)
         else:
             magnitude = acc.abs()
             candidates = flat_nonzero(magnitude >= threshold)

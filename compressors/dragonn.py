@@ -227,7 +227,7 @@ class Dragonn(Compressor):
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
         if _native.supports(acc):  # one fused pass, no |acc| or mask buffer
-            candidates = _native.select(acc, float(threshold),
+            candidates = _native.select(acc, float(threshold), reserve=k,
                                         check_finite=ctx.check_finite)[0]
         else:
             candidates = flat_nonzero(acc.abs() >= threshold)

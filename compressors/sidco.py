@@ -228,7 +228,7 @@ class _SIDCo(ThresholdSparsifier):
         state = ctx.state
         stages = state.get("stages", self.initial_stages)
         ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
-        found = self._select_native(acc, ratios, ctx) if use_native(acc) else None
+        found = self._select_native(acc, ratios, ctx, k) if use_native(acc) else None
         if found is None:
             found = self._select_reference(acc, ratios)
         # kept only once the first read of acc has passed (ctx.check_finite: nothing is
@@ -262,7 +262,8 @@ class _SIDCo(ThresholdSparsifier):
             threshold = self._later_threshold(pool, threshold, ratio)
         return nonzero_indices(mag >= threshold), threshold * scale
 
-    def _select_native(self, acc: torch.Tensor, ratios: list[float], ctx: Context):
+    def _select_native(self, acc: torch.Tensor, ratios: list[float], ctx: Context,
+                       k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
         statistics, one that compacts the first stage's survivors (positions and |acc|),
         later stages on those survivors only, and the final selection from the last pool
@@ -312,7 +313,7 @@ class _SIDCo(ThresholdSparsifier):
                 break
             threshold = new
         if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
-            return native_select(acc, threshold), threshold
+            return native_select(acc, threshold, expected=k), threshold
         indices = _native.select(pool, threshold)[0]
         for positions in reversed(maps):
             indices = positions.index_select(0, indices)

@@ -59,10 +59,11 @@ def use_native(acc: torch.Tensor) -> bool:
 
 
 def native_select(acc: torch.Tensor, threshold: float, check_finite: bool = False,
-                  ) -> torch.Tensor:
+                  expected: int = 0) -> torch.Tensor:
     """Ascending int64 positions of |acc| ≥ threshold, in one fused pass (native path);
-    `check_finite`: the same read raises _native.NonFinite on a NaN or an Inf."""
-    return _native.select(acc, threshold, check_finite=check_finite)[0]
+    `check_finite`: the same read raises _native.NonFinite on a NaN or an Inf.
+    `expected`: about how many pass (k), which picks the faster writing layout."""
+    return _native.select(acc, threshold, check_finite=check_finite, reserve=expected)[0]
 
 
 def check_sum_finite(acc: torch.Tensor, total: float, ctx: Context) -> None:
@@ -236,7 +237,7 @@ class GaussianKSGD(ThresholdSparsifier):
             if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
                 return self._search(k, ctx, mean_f, var_f, 1.0,
                                     lambda t: (_native.count(acc, t), None),
-                                    lambda t, _: native_select(acc, t))
+                                    lambda t, _: native_select(acc, t, expected=k))
             if mean_f == 0.0:
                 self.report(ctx, threshold=0.0, corrections=0)
                 return empty_indices(acc.device)
@@ -294,7 +295,7 @@ class RedSync(ThresholdSparsifier):
             if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
                 return self._search(k, ctx, mean_f, st.max, 1.0,
                                     lambda t: (_native.count(acc, t), None),
-                                    lambda t, _: native_select(acc, t))
+                                    lambda t, _: native_select(acc, t, expected=k))
         mag = magnitudes(acc)
         max_f = float(mag.max())
         if max_f == 0.0:
@@ -369,7 +370,7 @@ class MSTopK(ThresholdSparsifier):
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
                         pool, t, dense=keep > _native.DENSE_FRACTION, strict=False,
                         index_dtype=pool_index_dtype(pool))[2],
-                    select_fn=lambda t: native_select(acc, t))
+                    select_fn=lambda t: native_select(acc, t, expected=k))
         mag = magnitudes(acc)
         max_f = float(mag.max())
         if max_f == 0.0:

@@ -95,6 +95,52 @@ def test_float32_comparisons_at_the_threshold():
         assert _native.count(x, t, strict=True) == int((a > t).sum())
         assert torch.equal(_native.select(x, t)[0], torch.nonzero(a >= t).squeeze(1))
         assert torch.equal(_native.select(x, t, strict=True)[0], torch.nonzero(a > t).squeeze(1))
+        # the branch-free layout (an expected count above DENSE_FRACTION of x)
+        for strict in (False, True):
+            idx, val = _native.select(x, t, strict=strict, values=True, reserve=n)
+            ref = torch.nonzero(a > t if strict else a >= t).squeeze(1)
+            assert torch.equal(idx, ref) and torch.equal(val, a[ref])
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 65_541, 2 * _native.MIN_PER_THREAD + 37])
+@pytest.mark.parametrize("quantile", [0.0, 0.5, 0.9, 0.999])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_branch_free_selection_equals_the_skipping_one(n, quantile, threads):
+    # select() writes its hits branch-free when more than DENSE_FRACTION are expected to
+    # pass (`reserve`): positions and values must be those of the skipping layout, for
+    # both comparisons, with and without values, at any thread count.
+    x = _laplace(n, seed=n + threads)
+    t = float(x.abs().kthvalue(max(1, int(quantile * n))).values)
+    assert _native.DENSE_FRACTION < 1  # so reserve=n takes the branch-free layout
+    for strict in (False, True):
+        for values in (False, True):
+            skip = _native.select(x, t, strict=strict, values=values)
+            dense = _with_threads(threads, lambda: _native.select(
+                x, t, strict=strict, values=values, reserve=n))
+            assert torch.equal(dense[0], skip[0]) and dense[0].dtype == torch.int64
+            assert (dense[1] is None) == (not values)
+            if values:
+                assert torch.equal(dense[1], skip[1])
+
+
+@needs_native
+@pytest.mark.parametrize("n", [5, 8, 9, 2 * _native.MIN_PER_THREAD + 37])
+def test_branch_free_selection_finds_every_nan_and_inf(n):
+    x = _laplace(n, seed=4)
+    x[n // 2] = torch.finfo(torch.float32).max  # finite
+    _native.select(x, 1e-3, check_finite=True, reserve=n)
+    for bad in (float("nan"), float("inf"), -float("inf")):
+        # first element, the middle, the last (a ragged tail when n % 8), the second part
+        for pos in {0, n // 2 - 1, n - 1, 3 * n // 4}:
+            y = x.clone()
+            y[pos] = bad
+            with pytest.raises(_native.NonFinite):
+                _with_threads(2, lambda: _native.select(y, 1e-3, check_finite=True,
+                                                        reserve=n))
+            # without the check the same call selects (NaN compares false, Inf passes)
+            idx, _ = _native.select(y, 1e-3, reserve=n)
+            assert torch.equal(idx, torch.nonzero(y.abs() >= 1e-3).squeeze(1))
 
 
 def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
@@ -104,8 +150,9 @@ def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p", "dgc", "dragonn", "mstopk"])
-@pytest.mark.parametrize("ratio", [0.001, 0.01])
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p", "dgc", "dragonn", "mstopk",
+                                  "gaussianksgd", "redsync"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 0.1])
 def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, name, ratio):
     # Large enough for two threads in every pass (the pools of the first SIDCo stages are
     # compacted branch-free: δ₁·δ₂ > 2%), over several steps with their own data.
@@ -258,6 +305,7 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
 
     def results():
         return (_native.count(x, t), _native.select(x, t, values=True),
+                _native.select(x, t, values=True, check_finite=True, reserve=x.numel()),
                 _native.pool(x, t, above=t / 2, shift=t / 2, dense=True),
                 _native.stats(x, squares=True, extremes=True), _native.all_finite(x),
                 _native.sample_abs(x, 5000, 3, 4))
@@ -267,10 +315,11 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     got = results()
     assert got[0] == expected[0]
     assert all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
-    assert got[2][0] == expected[2][0]
-    assert torch.equal(got[2][1], expected[2][1]) and torch.equal(got[2][2], expected[2][2])
-    assert got[3] == expected[3] and got[4] == expected[4]
-    assert torch.equal(got[5], expected[5])
+    assert all(torch.equal(a, b) for a, b in zip(got[2], expected[1]))  # branch-free
+    assert got[3][0] == expected[3][0]
+    assert torch.equal(got[3][1], expected[3][1]) and torch.equal(got[3][2], expected[3][2])
+    assert got[4] == expected[4] and got[5] == expected[5]
+    assert torch.equal(got[6], expected[6])
 
 
 @needs_native

@@ -8,6 +8,8 @@
 //   gc_select_*   positions (and optionally |x|) of {|x| ≥ t} (or > t), ascending: one
 //                 read pass; each thread appends its hits to its own growing buffer, the
 //                 caller then allocates the exact-size output and gc_take copies into it.
+//                 Selections expected to keep more than about 1% of a float32 input are
+//                 written branch-free instead (select_dense_f32).
 //   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥) with |x| in the
 //                 same read (SIDCo's pools); dense pools are written branch-free.
 //   gc_sample_abs_*  |x| at hashed random positions (DGC/DRAGONN's sample), prefetched.
@@ -493,11 +495,12 @@ void select_range(const T* x, const int64_t* map, int64_t lo, int64_t hi, double
   if (CHECK && ((nonfinite[0] | nonfinite[1]) | (nonfinite[2] | nonfinite[3]))) *bad = 1;
 }
 
-// `check`: *nonfinite set to 1 when any element is NaN or ±Inf (the selection is then
-// meaningless; the caller discards it), else 0.
-template <typename T>
-void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, double t, int strict,
-                   int values, int64_t reserve, int check, int* nonfinite, int64_t* total) {
+// A selection's frame: the per-thread hit buffers and NaN/Inf flags filled by
+// fill(selection, flags) (flags: one int per thread), then merged. nullptr when an
+// allocation fails. `check`: *nonfinite set to 1 when any element is NaN or ±Inf (the
+// selection is then meaningless; the caller discards it), else 0.
+template <typename T, typename F>
+void* run_selection(int threads, int* nonfinite, int64_t* total, F&& fill) {
   auto* sel = new (std::nothrow) Selection<T>();
   if (!sel) return nullptr;
   const int nth = std::max(1, threads);
@@ -505,9 +508,27 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
   try {
     bad.assign(nth, 0);
     sel->parts.resize(nth);
+    fill(*sel, bad);
+  } catch (...) {
+    delete sel;
+    return nullptr;
+  }
+  int any = 0;
+  for (int v : bad) any |= v;
+  if (nonfinite) *nonfinite = any;
+  for (auto& h : sel->parts) sel->total += h.size;
+  *total = sel->total;
+  return sel;
+}
+
+template <typename T>
+void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, double t, int strict,
+                   int values, int64_t reserve, int check, int* nonfinite, int64_t* total) {
+  const int nth = std::max(1, threads);
+  return run_selection<T>(nth, nonfinite, total, [&](Selection<T>& sel, std::vector<int>& bad) {
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
       const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
-      Hits<T>& h = sel->parts[tid];
+      Hits<T>& h = sel.parts[tid];
       h.values = values != 0;
       h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
       int* b = &bad[tid];
@@ -519,16 +540,7 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
         else select_range<T, false, false>(x, map, lo, hi, t, h, b);
       }
     });
-  } catch (...) {
-    delete sel;
-    return nullptr;
-  }
-  int any = 0;
-  for (int v : bad) any |= v;
-  if (nonfinite) *nonfinite = any;
-  for (auto& h : sel->parts) sel->total += h.size;
-  *total = sel->total;
-  return sel;
+  });
 }
 
 // ---------------------------------------------------------------------------------------
@@ -558,26 +570,34 @@ const PermTable perm_table;
 
 // NARROW: positions stored as int32 (the caller guarantees n < 2^31 − 16): one 256-bit
 // store per group of 8 instead of two, about a fifth of the loop's time on Zen 1.
-template <bool STRICT, bool NARROW>
-void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<float>& out) {
+// VALUES: |x| written beside the positions. CHECK: as select_range_f32, a NaN/±Inf
+// anywhere in [lo, hi) sets *bad.
+template <bool STRICT, bool NARROW, bool VALUES = true, bool CHECK = false>
+void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<float>& out,
+                         int* bad = nullptr) {
   out.ensure(out.size + (hi - lo) + 16);
   int64_t k = out.size;
   int64_t* idx = out.idx;
   int32_t* idx32 = out.idx32();
   float* val = out.val;
+  const float fm = std::numeric_limits<float>::max();
+  int nonfinite = 0;
   int64_t i = lo;
 #if defined(__AVX2__)
   if (hi < (int64_t(1) << 31) - 16) {
     const __m256 tv = _mm256_set1_ps(tt);
+    const __m256 mv = _mm256_set1_ps(fm);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
+    __m256 finite = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
     __m256i pos = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
                                    _mm256_set1_epi32(static_cast<int32_t>(lo)));
     const __m256i eight = _mm256_set1_epi32(8);
     for (; i + 8 <= hi; i += 8) {
       const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+      if (CHECK) finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, mv, _CMP_LE_OQ));
       const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, tv, STRICT ? _CMP_GT_OQ : _CMP_GE_OQ));
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
-      _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
+      if (VALUES) _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
       const __m256i q = _mm256_permutevar8x32_epi32(pos, p);
       if (NARROW) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx32 + k), q);
@@ -590,18 +610,72 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
       k += __builtin_popcount(static_cast<unsigned>(m));
       pos = _mm256_add_epi32(pos, eight);
     }
+    if (CHECK && _mm256_movemask_ps(finite) != 0xFF) nonfinite = 1;
   }
 #endif
   for (; i < hi; ++i) {
     const float a = std::fabs(x[i]);
+    if (CHECK && !(a <= fm)) nonfinite = 1;
     if (NARROW)
       idx32[k] = static_cast<int32_t>(i);
     else
       idx[k] = i;
-    val[k] = a;
+    if (VALUES) val[k] = a;
     k += STRICT ? (a > tt) : (a >= tt);
   }
   out.size = k;
+  if (CHECK && nonfinite) *bad = 1;
+}
+
+// gc_select_begin's branch-free layout (float32, no index map, n < 2^31 − 16): the dense
+// compaction per block, positions as int32 (widened by gc_select_take). For selections
+// expected to keep more than about 1% (below that, skipping groups without a hit wins:
+// select_range_f32). The same positions and values as select_begin, in the same order.
+template <bool STRICT, bool VALUES, bool CHECK>
+void select_dense_parts(const float* x, int64_t n, int nth, double t, int64_t reserve,
+                        Selection<float>& sel, std::vector<int>& bad) {
+  const float tt = static_cast<float>(t);
+  parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
+    Hits<float>& h = sel.parts[tid];
+    h.values = VALUES;
+    h.narrow = true;
+    h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
+      compact_block_dense<STRICT, true, VALUES, CHECK>(x, lo, hi, tt, h, &bad[tid]);
+    }
+  });
+}
+
+void* select_dense_f32(const float* x, int64_t n, int threads, double t, int strict, int values,
+                       int64_t reserve, int check, int* nonfinite, int64_t* total) {
+  const int nth = std::max(1, threads);
+  const int variant = (strict ? 4 : 0) | (values ? 2 : 0) | (check ? 1 : 0);
+  return run_selection<float>(nth, nonfinite, total,
+                              [&](Selection<float>& sel, std::vector<int>& bad) {
+    switch (variant) {
+#define GC_DENSE(V, S, W, C) \
+  case V: select_dense_parts<S, W, C>(x, n, nth, t, reserve, sel, bad); break;
+      GC_DENSE(0, false, false, false) GC_DENSE(1, false, false, true)
+      GC_DENSE(2, false, true, false) GC_DENSE(3, false, true, true)
+      GC_DENSE(4, true, false, false) GC_DENSE(5, true, false, true)
+      GC_DENSE(6, true, true, false) GC_DENSE(7, true, true, true)
+#undef GC_DENSE
+    }
+  });
+}
+
+template <typename T>
+void* select_any(const T* x, const int64_t* map, int64_t n, int threads, double t, int strict,
+                 int values, int64_t reserve, int check, int dense, int* nonfinite,
+                 int64_t* total) {
+  if constexpr (std::is_same<T, float>::value) {
+    if (dense && !map && n < (int64_t(1) << 31) - 16)
+      return select_dense_f32(x, n, threads, t, strict, values, reserve, check, nonfinite,
+                              total);
+  }
+  return select_begin<T>(x, map, n, threads, t, strict, values, reserve, check, nonfinite,
+                         total);
 }
 
 // `narrow` (dense pools of n < 2^31 − 16 only): positions kept as int32.
@@ -762,7 +836,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 3; }
+int gc_abi_version() { return 4; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -791,9 +865,9 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   }                                                                                           \
   void* gc_select_begin_##SUFFIX(const T* x, const int64_t* map, int64_t n, int threads,      \
                                  double t, int strict, int values, int64_t reserve,           \
-                                 int check, int* nonfinite, int64_t* total) {                 \
-    return select_begin<T>(x, map, n, threads, t, strict, values, reserve, check, nonfinite,  \
-                           total);                                                            \
+                                 int check, int dense, int* nonfinite, int64_t* total) {      \
+    return select_any<T>(x, map, n, threads, t, strict, values, reserve, check, dense,        \
+                         nonfinite, total);                                                   \
   }                                                                                           \
   void gc_sample_abs_##SUFFIX(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1,     \
                               int threads, T* out) {                                          \
