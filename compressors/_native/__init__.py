@@ -45,9 +45,9 @@ ABI_VERSION = 4
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
 # compaction, which writes every group of 8 through a permutation table, beats skipping
-# the groups without a hit (measured side by side in one process, float32, 26M elements,
-# 2 threads, skipping vs branch-free, ms: 0.5% kept 6.1 vs 8.3, 1% 8.0 vs 8.3, 1.5% 11.2
-# vs 8.8, 2% 13.7 vs 9.0, 10% 25.5 vs 12.5).
+# the groups without a hit above about 1% kept (scripts/bench_select_layout.py: float32,
+# 26M elements, 2 threads, skipping vs branch-free, ms: 0.5% 7.0 vs 7.7, 1% 9.8 vs 8.5,
+# 2% 16.0 vs 8.3, 10% 35.7 vs 10.8).
 DENSE_FRACTION = 0.01
 
 _lock = threading.Lock()
