@@ -206,7 +206,11 @@ class HardThreshold(ThresholdSparsifier):
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
         if use_native(acc):
-            indices = native_select(acc, self.lam, check_finite=ctx.check_finite)
+            # λ, not k, decides how many pass: the last step's count picks the writing
+            # layout (kept only once this step's read has passed the NaN/Inf check)
+            indices = native_select(acc, self.lam, check_finite=ctx.check_finite,
+                                    expected=ctx.state.get("count", 0))
+            ctx.state["count"] = indices.numel()
         else:
             indices = nonzero_indices(magnitudes(acc) >= self.lam)
         self.report(ctx, threshold=self.lam)

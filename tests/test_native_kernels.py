@@ -168,6 +168,32 @@ def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, 
 
 
 @needs_native
+def test_hard_threshold_keeps_its_last_count_and_selects_what_the_reference_selects(
+        monkeypatch):
+    # λ keeps about 10% of each step: from the second step on the last count (kept in the
+    # state) asks for the branch-free layout; the selections stay the torch path's.
+    grads = [_laplace(3 * _native.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
+    lam = float(grads[0].abs().quantile(0.9))
+
+    def run():
+        session = Session(compressors.build("hard_threshold", lam=lam, ratio=0.1),
+                          world_size=1, feedback="none", seed=3, measure=False)
+        out = [drive([session.exchange("g", g, step)])[0] for step, g in enumerate(grads)]
+        return out, session
+
+    fast, session = _with_threads(2, run)
+    with monkeypatch.context() as m:
+        m.setenv("GRADCOMP_NATIVE", "0")
+        slow, _ = run()
+    counts = [f.sent.indices.numel() for f in fast]
+    assert min(counts) > _native.DENSE_FRACTION * grads[0].numel()
+    for f, s in zip(fast, slow):
+        assert torch.equal(f.sent.indices, s.sent.indices)
+        assert torch.equal(f.sent.values, s.sent.values)
+    assert session.states["g"]["compressor"]["count"] == counts[-1]
+
+
+@needs_native
 @pytest.mark.parametrize("kind", ["laplace", "ties", "sparse", "constant"])
 @pytest.mark.parametrize("ratio", [0.001, 0.05, 0.5])
 def test_mstopk_native_search_equals_the_reference(monkeypatch, kind, ratio):
