@@ -240,6 +240,20 @@ void stats_blocks(const T* x, int64_t n, int threads, double above, double shift
   });
 }
 
+// The block partials added in block order (so independent of the thread count) into
+// out[0..6]: count, Σy, Σy², max, min, nonzeros, Σ ln|x|.
+inline void write_total(const std::vector<Partial>& part, double* out) {
+  Partial total;
+  for (const Partial& p : part) {
+    total.count += p.count; total.sum += p.sum; total.sumsq += p.sumsq;
+    total.nonzero += p.nonzero; total.log_sum += p.log_sum;
+    total.max = std::max(total.max, p.max);
+    total.min = std::min(total.min, p.min);
+  }
+  out[0] = total.count; out[1] = total.sum; out[2] = total.sumsq; out[3] = total.max;
+  out[4] = total.min; out[5] = total.nonzero; out[6] = total.log_sum;
+}
+
 // flags: 1 = Σy², 2 = max/min/nonzeros, 4 = Σ ln|x| (implies nonzeros).
 template <typename T>
 void stats(const T* x, int64_t n, int threads, int all, double above, double shift, int flags,
@@ -258,15 +272,7 @@ void stats(const T* x, int64_t n, int threads, int all, double above, double shi
     else { if (ext) GC_STATS(false, false, true); else GC_STATS(false, false, false); }
   }
 #undef GC_STATS
-  Partial total;
-  for (const Partial& p : part) {
-    total.count += p.count; total.sum += p.sum; total.sumsq += p.sumsq;
-    total.nonzero += p.nonzero; total.log_sum += p.log_sum;
-    total.max = std::max(total.max, p.max);
-    total.min = std::min(total.min, p.min);
-  }
-  out[0] = total.count; out[1] = total.sum; out[2] = total.sumsq; out[3] = total.max;
-  out[4] = total.min; out[5] = total.nonzero; out[6] = total.log_sum;
+  write_total(part, out);
 }
 
 // float32 inputs compare in float32 lanes (8 per vector, no widening); the result is the
@@ -568,7 +574,11 @@ struct PermTable {
 const PermTable perm_table;
 #endif
 
-// NARROW: positions stored as int32 (the caller guarantees n < 2^31 − 16): one 256-bit
+// Below this many elements positions fit int32 lanes, with room for the 8-lane writes
+// past the last one (the permutation path and int32 pools/selections).
+constexpr int64_t NARROW_LIMIT = (int64_t(1) << 31) - 16;
+
+// NARROW: positions stored as int32 (the caller guarantees n < NARROW_LIMIT): one 256-bit
 // store per group of 8 instead of two, about a fifth of the loop's time on Zen 1.
 // VALUES: |x| written beside the positions. CHECK: as select_range_f32, a NaN/±Inf
 // anywhere in [lo, hi) sets *bad.
@@ -584,7 +594,7 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
   int nonfinite = 0;
   int64_t i = lo;
 #if defined(__AVX2__)
-  if (hi < (int64_t(1) << 31) - 16) {
+  if (hi < NARROW_LIMIT) {
     const __m256 tv = _mm256_set1_ps(tt);
     const __m256 mv = _mm256_set1_ps(fm);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
@@ -627,7 +637,7 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
   if (CHECK && nonfinite) *bad = 1;
 }
 
-// gc_select_begin's branch-free layout (float32, no index map, n < 2^31 − 16): the dense
+// gc_select_begin's branch-free layout (float32, no index map, n < NARROW_LIMIT): the dense
 // compaction per block, positions as int32 (widened by gc_select_take). For selections
 // expected to keep more than about 1% (below that, skipping groups without a hit wins:
 // select_range_f32). The same positions and values as select_begin, in the same order.
@@ -670,7 +680,7 @@ void* select_any(const T* x, const int64_t* map, int64_t n, int threads, double 
                  int values, int64_t reserve, int check, int dense, int* nonfinite,
                  int64_t* total) {
   if constexpr (std::is_same<T, float>::value) {
-    if (dense && !map && n < (int64_t(1) << 31) - 16)
+    if (dense && !map && n < NARROW_LIMIT)
       return select_dense_f32(x, n, threads, t, strict, values, reserve, check, nonfinite,
                               total);
   }
@@ -678,23 +688,20 @@ void* select_any(const T* x, const int64_t* map, int64_t n, int threads, double 
                          total);
 }
 
-// `narrow` (dense pools of n < 2^31 − 16 only): positions kept as int32.
+// `narrow` (dense pools of n < NARROW_LIMIT only): positions kept as int32.
 void* pool_begin(const float* x, int64_t n, int threads, double above, double shift, int flags,
                  int want_stats, double pool_t, int strict, int dense, int64_t reserve, double* out,
                  int64_t* total, int narrow) {
-  auto* sel = new (std::nothrow) Selection<float>();
-  if (!sel) return nullptr;
   const int nth = std::max(1, threads);
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   const float pt = static_cast<float>(pool_t);
   const double abv = static_cast<double>(static_cast<float>(above));
   const bool sq = flags & 1, ext = (flags & 2) != 0;
-  const bool narrow32 = narrow && dense && n < (int64_t(1) << 31) - 16;
-  try {
+  const bool narrow32 = narrow && dense && n < NARROW_LIMIT;
+  return run_selection<float>(nth, nullptr, total, [&](Selection<float>& sel, std::vector<int>&) {
     std::vector<Partial> part(want_stats ? blocks : 0);
-    sel->parts.resize(nth);
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
-      Hits<float>& h = sel->parts[tid];
+      Hits<float>& h = sel.parts[tid];
       h.values = true;
       h.narrow = narrow32;
       h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
@@ -721,24 +728,8 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
         }
       }
     });
-    if (want_stats) {
-      Partial t;
-      for (const Partial& p : part) {
-        t.count += p.count; t.sum += p.sum; t.sumsq += p.sumsq;
-        t.nonzero += p.nonzero;
-        t.max = std::max(t.max, p.max);
-        t.min = std::min(t.min, p.min);
-      }
-      out[0] = t.count; out[1] = t.sum; out[2] = t.sumsq; out[3] = t.max; out[4] = t.min;
-      out[5] = t.nonzero; out[6] = 0;
-    }
-  } catch (...) {
-    delete sel;
-    return nullptr;
-  }
-  for (auto& h : sel->parts) sel->total += h.size;
-  *total = sel->total;
-  return sel;
+    if (want_stats) write_total(part, out);
+  });
 }
 
 // DGC/DRAGONN's threshold sample without a positions tensor: out[i] = |x[p_i]| with
