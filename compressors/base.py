@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from compressors import _native
 from compressors.requests import AllGather, AllReduce, Request
 
 Protocol = Generator["Request | tuple[Request, ...]", Any, "Outcome"]
@@ -91,6 +92,24 @@ class Context:
     # said so by folds_finite_check): its first full read of acc must raise
     # compressors._native.NonFinite on a NaN or an Inf, before it changes any state.
     check_finite: bool = False
+    # Where the caller wants the aggregate (Session.exchange's `out`: flat, acc's numel,
+    # dtype and device, never overlapping acc), or None. Protocols decode into it through
+    # aggregate_buffer; nothing else may write it.
+    out: torch.Tensor | None = None
+
+    def aggregate_buffer(self, numel: int, dtype: torch.dtype, device: torch.device,
+                         zero: bool = True) -> torch.Tensor:
+        """A flat tensor to decode the aggregate into, zeroed unless `zero=False` (for
+        a decoder that writes every element itself): the caller's `out` when it has this
+        numel, dtype and device (a DDP gradient: no full-size buffer is allocated per
+        step, and none is copied back), else a new one."""
+        out = self.out
+        if (out is not None and out.numel() == numel and out.dtype == dtype
+                and out.device == torch.device(device)):
+            return out.zero_() if zero else out
+        if zero:
+            return torch.zeros(numel, dtype=dtype, device=device)
+        return torch.empty(numel, dtype=dtype, device=device)
 
     @property
     def is_leader(self) -> bool:
@@ -194,17 +213,22 @@ def sparse_mean(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batched sparse decoding (DRAGONN 4.3): all ranks' (index, value) pairs in ONE
-    scatter-add into a zero dense tensor, duplicates summed, then divided by world size.
-    Every index must be valid (0 <= i < numel): callers with empty slots (DRAGONN's −1)
-    filter them or route them to a spare element first."""
+    scatter-add into a zero dense tensor, duplicates summed in order, then divided by the
+    world size. `out`: the flat tensor of numel elements of dtype to decode into, whatever
+    it holds (Context.aggregate_buffer(..., zero=False)); a new one when None. On the CPU
+    the native kernel writes the result in one sweep (_native.scatter_mean), bit for bit
+    the torch expression below. Every index must be valid (0 <= i < numel): callers with
+    empty slots (DRAGONN's −1) filter them first."""
     idx = torch.cat(indices) if isinstance(indices, list) else indices
     val = torch.cat(values) if isinstance(values, list) else values
+    val = val.to(dtype)
     if out is None:
-        out = torch.zeros(numel, dtype=dtype, device=val.device)
-    else:
-        out.zero_()
+        out = torch.empty(numel, dtype=dtype, device=val.device)
+    if _native.supports_cpu(out) and idx.dim() == 1:
+        return _native.scatter_mean(idx.contiguous(), val.contiguous(), out, world_size)
+    out.zero_()
     if idx.numel():
-        out.index_add_(0, idx, val.to(dtype))
+        out.index_add_(0, idx, val)
     if world_size > 1:
         out.div_(world_size)
     return out
@@ -287,7 +311,9 @@ class Sparsifier(Compressor):
         indices = chosen.to(index_dtype(numel))
         values = acc[indices]
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
-        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype)
+        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
+                                out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,
+                                                         zero=False))
         union = union_size(all_idx) if ctx.measure else None
         return Outcome(
             aggregate=aggregate,

@@ -111,7 +111,7 @@ class RandomK(Compressor):
         # The allreduce overwrites `wire` in place: keep this worker's own copy.
         sent = SparseSent(indices, wire.clone())
         total = yield from allreduce_mean(wire, ctx.world_size)
-        aggregate = torch.zeros(numel, dtype=acc.dtype, device=acc.device)
+        aggregate = ctx.aggregate_buffer(numel, acc.dtype, acc.device)
         aggregate.index_copy_(0, indices.long(), total)
         return Outcome(aggregate=aggregate, sent=sent, selected=k, target=k, union=k)
 

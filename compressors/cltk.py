@@ -64,7 +64,7 @@ class CyclicLocalTopK(Compressor):
         total = yield AllReduce(values.clone())
         if ctx.world_size > 1:
             total.div_(ctx.world_size)
-        aggregate = torch.zeros(numel, dtype=acc.dtype, device=acc.device)
+        aggregate = ctx.aggregate_buffer(numel, acc.dtype, acc.device)
         aggregate.index_copy_(0, indices_long, total)
         return Outcome(
             aggregate=aggregate,

@@ -284,7 +284,7 @@ class DEFT(Compressor):
         total = yield AllReduce(values.clone())
         if n > 1:
             total.div_(n)
-        aggregate = torch.zeros(numel, dtype=acc.dtype, device=acc.device)
+        aggregate = ctx.aggregate_buffer(numel, acc.dtype, acc.device)
         aggregate.index_copy_(0, union_long, total)
         return Outcome(
             aggregate=aggregate,

@@ -216,7 +216,9 @@ class DGC(Sparsifier):
         indices = indices.to(index_dtype(numel))
         values = acc.index_select(0, indices)
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
-        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype)
+        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
+                                out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,
+                                                         zero=False))
         union = union_size(all_idx) if ctx.measure else None
         return Outcome(
             aggregate=aggregate,

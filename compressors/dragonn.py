@@ -61,6 +61,7 @@ from compressors.base import (
     SparseSent,
     check_ratio,
     index_dtype,
+    sparse_mean,
     target_k,
     union_size,
 )
@@ -246,7 +247,9 @@ class Dragonn(Compressor):
         wire_indices = slots.to(index_dtype(numel))
         all_idx, all_val = yield (AllGather(wire_indices), AllGather(values))
 
-        aggregate = sparse_decode(all_idx, all_val, numel, ctx.world_size, acc.dtype)
+        aggregate = sparse_decode(all_idx, all_val, numel, ctx.world_size, acc.dtype,
+                                  out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,
+                                                           zero=False))
         valid = ~empty
         sent = SparseSent(wire_indices[valid], values[valid])
         selected = sent.indices.numel()
@@ -271,15 +274,13 @@ def sparse_decode(
     numel: int,
     world_size: int,
     dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Batched sparse decoding: ONE index_add of every worker's (index, value) pairs into a
-    zero dense tensor, duplicates summed, divided by the world size. Indices < 0 (empty
-    slots) land in a spare element past the end and are dropped with it."""
+    zero dense tensor (`out` when given, see sparse_mean), duplicates summed, divided by
+    the world size. Empty slots (index < 0) add an exact +0.0 to element 0: the sum there
+    starts at +0.0 and, rounding to nearest, never reaches −0.0, so x + 0.0 = x."""
     idx = torch.cat(indices)
-    val = torch.cat(values).to(dtype)
-    dense = torch.zeros(numel + 1, dtype=dtype, device=val.device)
-    dense.index_add_(0, torch.where(idx < 0, numel, idx), val)
-    aggregate = dense[:numel]
-    if world_size > 1:
-        aggregate.div_(world_size)
-    return aggregate
+    empty = idx < 0
+    val = torch.cat(values).to(dtype).masked_fill_(empty, 0)
+    return sparse_mean(idx.masked_fill(empty, 0), val, numel, world_size, dtype, out=out)

@@ -307,7 +307,7 @@ class EFSignSGD(Compressor):
         packed = pack_signs(acc)
         all_signs, all_scales = yield (AllGather(packed), AllGather(scales))
 
-        total = torch.zeros(numel, dtype=torch.float32, device=acc.device)
+        total = ctx.aggregate_buffer(numel, torch.float32, acc.device)
         for signs, scale in zip(all_signs, all_scales):
             total.add_(groups.scale_(unpack_signs(signs, numel, torch.float32), scale))
         aggregate = total.div_(ctx.world_size).to(acc.dtype)
@@ -369,7 +369,7 @@ class QSGD(Compressor):
         norms = norms.float()
         all_levels, all_norms = yield (AllGather(as_bytes(wire)), AllGather(norms))
 
-        total = torch.zeros(numel, dtype=torch.float32, device=acc.device)
+        total = ctx.aggregate_buffer(numel, torch.float32, acc.device)
         for levels, norm in zip(all_levels, all_norms):
             levels = from_bytes(levels, wire.dtype).to(torch.float32)
             total.add_(groups.scale_(levels, norm / self.levels))
@@ -452,7 +452,7 @@ class TernGrad(Compressor):
             aggregate = groups.scale_(total, scaler / ctx.world_size).to(acc.dtype)
         else:
             all_ternary, all_scalers = yield (AllGather(ternary), AllGather(scaler))
-            total = torch.zeros(numel, dtype=torch.float32, device=acc.device)
+            total = ctx.aggregate_buffer(numel, torch.float32, acc.device)
             for tern, s in zip(all_ternary, all_scalers):
                 total.add_(groups.scale_(tern.to(torch.float32), s))
             aggregate = total.div_(ctx.world_size).to(acc.dtype)

@@ -69,6 +69,28 @@ def validate_gradient(name: str, grad: torch.Tensor, check_finite: bool = True) 
         raise nonfinite_error(name, grad)
 
 
+def aggregate_destination(name: str, out: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """`out` (Session.exchange) checked against the flat gradient and viewed flat."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out for {name!r} must be a torch.Tensor, got {type(out).__name__}")
+    if (out.numel() != flat.numel() or out.dtype != flat.dtype or out.device != flat.device
+            or not out.is_contiguous()):
+        raise ValueError(
+            f"out for {name!r} must be a contiguous tensor like the gradient ({flat.numel()} "
+            f"elements, {flat.dtype}, {flat.device}); got {out.numel()} elements, {out.dtype}, "
+            f"{out.device}, contiguous={out.is_contiguous()}: pass the gradient tensor itself "
+            "or a buffer allocated like it, or None")
+    return out.view(-1)
+
+
+def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors share any memory."""
+    if a.device != b.device or a.numel() == 0 or b.numel() == 0:
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 class Session:
     """One worker: compressor + error feedback + per-tensor state + RNG."""
 
@@ -126,12 +148,19 @@ class Session:
         layout: tuple[Segment, ...] | None = None,
         writable: bool = False,
         finite_checked: bool = False,
+        out: torch.Tensor | None = None,
     ) -> Generator[Any, Any, Outcome]:
         """Run one step for one tensor. Yields the compressor's requests unchanged and
         returns its Outcome with bytes and timings filled in. `writable=True` lets the
         protocol overwrite `grad` (a DDP bucket buffer without error feedback).
         `finite_checked=True`: the caller has already found `grad` finite (for example by
-        one check of the whole DDP bucket it lives in), so the per-tensor check is skipped."""
+        one check of the whole DDP bucket it lives in), so the per-tensor check is skipped.
+        `out`: a contiguous tensor of grad's size, dtype and device where the caller will
+        put the aggregate (the gradient itself, in a DDP hook). Compressors that decode into
+        a dense buffer then write the aggregate there (Outcome.aggregate is `out` viewed
+        flat) instead of allocating one per step; the others leave it alone. It is used
+        only when it does not overlap the tensor being compressed (no error feedback:
+        that is `grad`), which must stay readable until the decode."""
         # The NaN/Inf check is one read of the gradient. Where nothing is written before
         # the compressor runs (no error feedback) and the compressor finds non-finite
         # values in its own first read of acc, that read does it (ctx.check_finite);
@@ -146,6 +175,7 @@ class Session:
         validate_gradient(name, grad, check and not folded)
         if flat is None:
             flat = grad.reshape(-1)
+        out_flat = None if out is None else aggregate_destination(name, out, flat)
         if layout is None:
             layout = (Segment(name, 0, flat.numel(), tuple(grad.shape)),)
         elif sum(s.numel for s in layout) != flat.numel():
@@ -169,6 +199,7 @@ class Session:
             acc_writable=writable and acc is flat and flat.data_ptr() == grad.data_ptr(),
             measure=self.measure,
             check_finite=folded,
+            out=None if out_flat is None or overlaps(out_flat, acc) else out_flat,
         )
         # The compressor may draw from the worker's stream before its first full read:
         # on a NaN/Inf the stream is put back, so a skipped step changes nothing.

@@ -9,7 +9,8 @@ How each number is taken:
 - encode / decode: a single-worker Session (no error feedback, no extra statistics, no
   NaN/Inf check: the compressor alone) runs the compressor's protocol; encode is the
   compute before its requests (and between rounds), decode the compute after the last
-  answer. The driver here answers the requests itself and synchronises the device at
+  answer, into a destination allocated once (`out`, as the DDP hook decodes into the
+  gradient itself; compressors that return a tensor of their own leave it). The driver here answers the requests itself and synchronises the device at
   every boundary, so CUDA times are kernel times, not launch times. Median of `repeats`
   calls after one warm-up call.
 - floor: one read pass over the same tensor, `torch.sum` of a precomputed |x| (what any
@@ -19,7 +20,9 @@ How each number is taken:
 - decode, batched vs dense per rank: K ranks' k (index, value) pairs decoded either by
   ONE index_add of all pairs (compressors.base.sparse_mean, DRAGONN's sparse decoding) or
   by densifying every rank's payload into a full tensor and adding those (the dense
-  decoding of GRACE-style code).
+  decoding of GRACE-style code). Both write into the same destination and the dense one
+  reuses one scratch tensor (allocated once, outside the timing): the comparison is of
+  the work, d + K·k against K·d, not of the allocator.
 - THC against one fast Walsh–Hadamard transform (FWHT) of the zero-padded vector
   (`fwht_ms` in the floor; `encode_over_fwht`, `decode_over_fwht` per thc cell). With
   THC's default allreduce aggregation, its protocol yields twice (the preliminary
@@ -190,13 +193,15 @@ def _answer_alone(item: Any) -> Any:
     return tuple(answers) if is_round else answers[0]
 
 
-def exchange_once(session: Session, x: torch.Tensor, step: int) -> tuple[Any, float, float]:
+def exchange_once(session: Session, x: torch.Tensor, step: int,
+                  out: torch.Tensor | None = None) -> tuple[Any, float, float]:
     """Run one single-worker exchange of `x`; (Outcome, encode seconds, decode seconds).
-    Answering the requests (the collective) is not timed."""
+    `out`: where the aggregate may be decoded (Session.exchange). Answering the requests
+    (the collective) is not timed."""
     if session.world_size != 1:
         raise ValueError("exchange_once drives a single-worker session (world_size=1)")
     device = x.device
-    gen = session.exchange(TENSOR_NAME, x, step)
+    gen = session.exchange(TENSOR_NAME, x, step, out=out)
     answer: Any = None
     encode = 0.0
     synchronize(device)
@@ -241,17 +246,18 @@ def repeat_median(
 
 
 def time_exchanges(session: Session, x: torch.Tensor, repeats: int, budget_s: float,
+                   out: torch.Tensor | None = None,
                    ) -> tuple[tuple[float, float], tuple[float, float], int, Any]:
-    """repeat_median of single-worker exchanges of `x` (steps 0, 1, ...): the (encode,
-    decode) medians and minima in seconds, the number of timed calls, and the last
-    exchange's Outcome."""
+    """repeat_median of single-worker exchanges of `x` (steps 0, 1, ...), decoding into
+    `out` where the compressor can: the (encode, decode) medians and minima in seconds,
+    the number of timed calls, and the last exchange's Outcome."""
     step = [0]
     last: dict[str, Any] = {}
 
     def sample() -> tuple[float, float]:
-        out, enc, dec = exchange_once(session, x, step[0])
+        out_, enc, dec = exchange_once(session, x, step[0], out=out)
         step[0] += 1
-        last["outcome"] = out
+        last["outcome"] = out_
         return enc, dec
 
     medians, minima, n = repeat_median(sample, repeats, budget_s)
@@ -278,14 +284,18 @@ def sparse_payloads(
 
 def dense_per_rank_decode(
     indices: Sequence[torch.Tensor], values: Sequence[torch.Tensor], numel: int,
-    world_size: int, dtype: torch.dtype,
+    world_size: int, dtype: torch.dtype, out: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Dense decoding: each rank's payload becomes a full dense tensor, then the K dense
-    tensors are summed and divided by K (cost grows with K·d)."""
+    tensors are summed and divided by K (cost grows with K·d). `out` (the destination)
+    and `scratch` (one rank's dense tensor): flat buffers of numel reused across calls;
+    new ones when None."""
     device = values[0].device
-    out = torch.zeros(numel, dtype=dtype, device=device)
+    out = torch.zeros(numel, dtype=dtype, device=device) if out is None else out.zero_()
+    dense = torch.empty(numel, dtype=dtype, device=device) if scratch is None else scratch
     for idx, val in zip(indices, values):
-        dense = torch.zeros(numel, dtype=dtype, device=device)
+        dense.zero_()
         dense.index_copy_(0, idx.long(), val.to(dtype))
         out.add_(dense)
     if world_size > 1:
@@ -295,10 +305,11 @@ def dense_per_rank_decode(
 
 def batched_decode(
     indices: Sequence[torch.Tensor], values: Sequence[torch.Tensor], numel: int,
-    world_size: int, dtype: torch.dtype,
+    world_size: int, dtype: torch.dtype, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """DRAGONN's sparse decoding: all ranks' pairs in one index_add (sparse_mean)."""
-    return sparse_mean(list(indices), list(values), numel, world_size, dtype)
+    """DRAGONN's sparse decoding: all ranks' pairs in one index_add (sparse_mean), into
+    `out` (overwritten; a new tensor when None)."""
+    return sparse_mean(list(indices), list(values), numel, world_size, dtype, out=out)
 
 
 def _cell_params(name: str, ratio: float | None, x: torch.Tensor,
@@ -442,6 +453,10 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
                 f"{what} on {dev}, d = {size:,}: {n} repeat(s) instead of {repeats} "
                 f"(one call × {repeats} would exceed the {budget_s:g} s budget)")
 
+    # The destination every decode writes into (the gradient, in a DDP hook), and the
+    # dense per-rank decoding's scratch: allocated once per size.
+    dest = torch.empty_like(x)
+    scratch = torch.empty_like(x) if decode_workers else None
     reference: dict[float | None, float] = {}
     quantiles: dict[float, float] = {}
     for name in names:
@@ -452,7 +467,7 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
             session = Session(comp, rank=0, world_size=1, feedback="none", seed=seed,
                               check_finite=False, measure=False)
             (enc, dec), (enc_min, dec_min), n, outcome = time_exchanges(
-                session, x, repeats, budget_s)
+                session, x, repeats, budget_s, out=dest)
             cap_note(f"{name} ratio {ratio}", n)
             if name == REFERENCE:
                 reference[ratio] = enc
@@ -487,8 +502,9 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
             idx, val = sparse_payloads(size, k, workers, seed=seed, device=dev)
             args = (idx, val, size, workers, x.dtype)
             (batched_s, dense_s), (batched_min, dense_min), n = repeat_median(
-                lambda: (timed(lambda: batched_decode(*args), dev),
-                         timed(lambda: dense_per_rank_decode(*args), dev)),
+                lambda: (timed(lambda: batched_decode(*args, out=dest), dev),
+                         timed(lambda: dense_per_rank_decode(*args, out=dest,
+                                                             scratch=scratch), dev)),
                 repeats, budget_s)
             cap_note(f"decoding K={workers} ratio {ratio}", n)
             report["decode"].append({

@@ -126,8 +126,11 @@ class WorkerCompression:
         gens, flags = [], []
         for name, g in named:
             if self.compress_tensor(g.numel()):
-                gens.append(self.session_for(name).exchange(name, g, step,
-                                                            finite_checked=checked))
+                # The average is decoded straight into the gradient where the compressor
+                # can: no full-size buffer per step and no copy back in _finish.
+                gens.append(self.session_for(name).exchange(
+                    name, g, step, finite_checked=checked,
+                    out=g if g.is_contiguous() else None))
                 flags.append(True)
             else:
                 gens.append(self.dense.exchange(name, g, step, writable=True,
@@ -141,7 +144,7 @@ class WorkerCompression:
         """(protocol, finish) for compressing a flat bucket as one tensor with a layout."""
         if self.compress_tensor(flat.numel()):
             key = self.bucket_key(layout)
-            gen = self.session_for(key).exchange(key, flat, step, layout=layout)
+            gen = self.session_for(key).exchange(key, flat, step, layout=layout, out=flat)
             flags, names = [True], [key]
         else:
             gen = self.dense.exchange("dense", flat, step, writable=True)

@@ -334,7 +334,9 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
                 _native.select(x, t, values=True, check_finite=True, reserve=x.numel()),
                 _native.pool(x, t, above=t / 2, shift=t / 2, dense=True),
                 _native.stats(x, squares=True, extremes=True), _native.all_finite(x),
-                _native.sample_abs(x, 5000, 3, 4))
+                _native.sample_abs(x, 5000, 3, 4),
+                _native.scatter_mean(*_payload(x.numel(), 70_001, 1, torch.int32, x.dtype),
+                                     torch.empty_like(x), 3))
 
     expected = results()
     monkeypatch.setattr(_native, "_lib", portable)
@@ -346,6 +348,7 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     assert torch.equal(got[3][1], expected[3][1]) and torch.equal(got[3][2], expected[3][2])
     assert got[4] == expected[4] and got[5] == expected[5]
     assert torch.equal(got[6], expected[6])
+    assert torch.equal(got[7], expected[7])
 
 
 @needs_native
@@ -380,3 +383,67 @@ def test_dragonn_slots_equal_write_slots(numel, nk, m):
         if not large:
             assert torch.equal(values,
                                acc.index_select(0, ref.clamp(min=0)).masked_fill_(ref < 0, 0))
+
+
+def _payload(n: int, m: int, seed: int, index_dtype: torch.dtype, dtype: torch.dtype):
+    """m (index, value) pairs over [0, n): about a third repeat an earlier index (ranks'
+    selections overlap), values of mixed scale so the order of the additions shows."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, n, (m,), generator=g)
+    if m > 3:
+        repeat = torch.rand(m, generator=g) < 0.33
+        idx = torch.where(repeat, idx[torch.randint(0, m, (m,), generator=g)], idx)
+    val = torch.randn(m, generator=g, dtype=torch.float64) * torch.exp(
+        4 * torch.randn(m, generator=g, dtype=torch.float64))
+    return idx.to(index_dtype), val.to(dtype)
+
+
+@needs_native
+@pytest.mark.parametrize("n, m", [(1, 1), (1000, 0), (1000, 5000), (65_536, 100),
+                                  (65_537, 3000), (2 * _native.MIN_PER_THREAD + 37, 70_001)])
+@pytest.mark.parametrize("divisor", [1, 2, 3, 8])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scatter_mean_equals_index_add_then_divide(n, m, divisor, index_dtype, dtype, threads):
+    """Bit for bit torch's zero_, index_add_ (additions in pair order) and div_, with the
+    region walk, the shared counting sort (m ≥ 2^16 pairs on two threads) and the
+    once-only division of repeated indices."""
+    idx, val = _payload(n, m, seed=n + m, index_dtype=index_dtype, dtype=dtype)
+    expected = torch.zeros(n, dtype=dtype).index_add_(0, idx, val)
+    if divisor > 1:
+        expected.div_(divisor)
+    out = torch.full((n,), float("nan"), dtype=dtype)  # every element must be written
+    got = _with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
+    assert got is out
+    assert torch.equal(out, expected)
+
+
+@needs_native
+def test_scatter_mean_refuses_a_bad_index_before_writing():
+    idx = torch.tensor([0, 5, 10, 3], dtype=torch.int32)
+    val = torch.ones(4)
+    out = torch.full((10,), 7.0)
+    with pytest.raises(IndexError, match="index 10 at position 2"):
+        _native.scatter_mean(idx, val, out, 2)
+    with pytest.raises(IndexError, match="index -1 at position 0"):
+        _native.scatter_mean(torch.tensor([-1, 2]), val[:2], out, 1)
+    assert torch.equal(out, torch.full((10,), 7.0))
+    with pytest.raises(TypeError, match="scatter_mean"):
+        _native.scatter_mean(idx, val.double(), out, 1)  # values of another dtype
+
+
+@needs_native
+@pytest.mark.parametrize("world", [1, 3])
+def test_sparse_mean_native_equals_the_torch_path(monkeypatch, world):
+    """compressors.base.sparse_mean (every sparsifier's decode) with and without the
+    native kernel."""
+    from compressors.base import sparse_mean
+
+    n = 300_001
+    parts = [_payload(n, 20_000, seed=s, index_dtype=torch.int32, dtype=torch.float32)
+             for s in range(world)]
+    idx, val = [p[0] for p in parts], [p[1] for p in parts]
+    native = sparse_mean(idx, val, n, world, torch.float32)
+    monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    assert torch.equal(native, sparse_mean(idx, val, n, world, torch.float32))

@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 4
+ABI_VERSION = 5
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -160,6 +160,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         f = getattr(lib, f"gc_select_take_{suffix}")
         f.argtypes = [_P, _P, _P, _P]
         f.restype = None
+        f = getattr(lib, f"gc_scatter_mean_{suffix}")
+        f.argtypes = [_P, ctypes.c_int, ptr, _C_INT64, ptr, _C_INT64, ctypes.c_double,
+                      ctypes.c_int]
+        f.restype = _C_INT64
     lib.gc_pool_begin_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_double,
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int, _C_INT64, _P,
@@ -384,6 +388,32 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     if above is not None:
         st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
     return st, idx, val
+
+
+def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,
+                 divisor: int) -> torch.Tensor:
+    """out ← 0, out[idx[j]] += val[j] in order, out /= divisor (when > 1): bit for bit
+    `out.zero_().index_add_(0, idx, val).div_(divisor)`, with `out` written once, region
+    by region, after a stable counting sort of the pairs by region. CPU only: contiguous
+    `out` and `val` of one float dtype (supports_cpu), 1-D int32/int64 `idx`. IndexError
+    (nothing written) for an index outside [0, out.numel())."""
+    if not (supports_cpu(out) and val.dtype == out.dtype and val.device == out.device
+            and val.is_contiguous() and idx.dtype in (torch.int32, torch.int64)
+            and idx.device == out.device and idx.is_contiguous()
+            and idx.numel() == val.numel()):
+        raise TypeError("scatter_mean() takes a contiguous CPU float32/float64 out, values of "
+                        "its dtype and as many contiguous int32/int64 indices; got "
+                        f"out {out.dtype} on {out.device}, values {val.dtype}, indices {idx.dtype}")
+    n = out.numel()
+    bad = _fn("gc_scatter_mean", out)(
+        idx.data_ptr(), int(idx.dtype == torch.int64), val.data_ptr(), val.numel(),
+        out.data_ptr(), n, float(divisor), _threads(n))
+    if bad == -2:
+        raise MemoryError("native scatter_mean could not allocate its buffers")
+    if bad >= 0:
+        raise IndexError(f"index {int(idx[bad])} at position {bad} is out of bounds for a "
+                         f"tensor of {n} elements")
+    return out
 
 
 def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,

@@ -800,6 +800,98 @@ int all_finite(const T* x, int64_t n, int threads) {
   return 1;
 }
 
+
+// Batched sparse decoding (compressors.base.sparse_mean on the CPU): out[0, n) = 0, then
+// out[idx[j]] += val[j] for j = 0, 1, ... in order, then out /= divisor (when above 1):
+// the same additions in the same order as torch's index_add_, and the same true division
+// as its div_, so the same bits. The zeroing is one streaming write (memset of large
+// blocks does not read the lines first). The pairs are put in region order by a stable
+// counting sort (each thread counts and places its own share, shares in order) and added
+// one region of REGION elements at a time, so the writes walk the tensor forwards instead
+// of at random, and each region's touched elements are divided while they are in cache,
+// each once (a bitmap of the region marks them). Only they need it: the rest hold +0.0,
+// and +0.0 / divisor is +0.0. Returns -1, or the position of the first index outside
+// [0, n) (then nothing has been written).
+constexpr int REGION_BITS = 16;
+constexpr int64_t REGION = int64_t(1) << REGION_BITS;
+
+template <typename T, typename I>
+int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, double divisor,
+                     int threads) {
+  const int64_t regions = (n + REGION - 1) >> REGION_BITS;
+  // Sharing the pairs only pays when there are many of them.
+  const int pt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, m >> 15)));
+  std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0), first_bad(pt, -1);
+  run_parts(pt, [&](int t) {
+    int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
+    for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j) {
+      const int64_t i = static_cast<int64_t>(idx[j]);
+      if (i < 0 || i >= n) {
+        first_bad[t] = j;
+        return;
+      }
+      ++c[i >> REGION_BITS];
+    }
+  });
+  for (int64_t b : first_bad)
+    if (b >= 0) return b;
+  // Exclusive offsets, region-major and share order within a region: start[r] is where
+  // region r's pairs begin; counts become each share's next write position.
+  std::vector<int64_t> start(regions + 1);
+  int64_t at = 0;
+  for (int64_t r = 0; r < regions; ++r) {
+    start[r] = at;
+    for (int t = 0; t < pt; ++t) {
+      int64_t& c = counts[static_cast<size_t>(t) * regions + r];
+      const int64_t k = c;
+      c = at;
+      at += k;
+    }
+  }
+  start[regions] = at;
+  struct Scratch {  // back to the pool however this returns
+    Buf b;
+    ~Scratch() { pool_give(b); }
+  } bl, bv;
+  grow(bl.b, std::max<int64_t>(m, 1) * sizeof(uint32_t));
+  grow(bv.b, std::max<int64_t>(m, 1) * sizeof(T));
+  auto* local = static_cast<uint32_t*>(bl.b.p);  // position within the region
+  auto* sorted = static_cast<T*>(bv.b.p);
+  run_parts(pt, [&](int t) {
+    int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
+    for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j) {
+      const int64_t i = static_cast<int64_t>(idx[j]);
+      const int64_t w = c[i >> REGION_BITS]++;
+      local[w] = static_cast<uint32_t>(i & (REGION - 1));
+      sorted[w] = val[j];
+    }
+  });
+  parallel_range(n, threads, [&](int64_t a, int64_t b) {
+    std::memset(out + a, 0, static_cast<size_t>(b - a) * sizeof(T));
+  });
+  const T d = static_cast<T>(divisor);
+  parallel_range(regions, threads, [&](int64_t r0, int64_t r1) {
+    std::vector<uint64_t> done(divisor > 1.0 ? REGION / 64 : 0, 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      T* o = out + (r << REGION_BITS);
+      const int64_t j0 = start[r], j1 = start[r + 1];
+      for (int64_t j = j0; j < j1; ++j) o[local[j]] += sorted[j];
+      if (divisor > 1.0) {
+        for (int64_t j = j0; j < j1; ++j) {
+          const uint32_t e = local[j];
+          const uint64_t bit = uint64_t(1) << (e & 63);
+          if (!(done[e >> 6] & bit)) {
+            done[e >> 6] |= bit;
+            o[e] = o[e] / d;
+          }
+        }
+        for (int64_t j = j0; j < j1; ++j) done[local[j] >> 6] = 0;
+      }
+    }
+  });
+  return -1;
+}
+
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
@@ -827,7 +919,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 4; }
+int gc_abi_version() { return 5; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -874,6 +966,17 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   }                                                                                           \
   void gc_select_take_##SUFFIX(void* h, int64_t* idx, int32_t* idx32, T* val) {              \
     select_take<T>(h, idx, idx32, val);                                                       \
+  }                                                                                           \
+  int64_t gc_scatter_mean_##SUFFIX(const void* idx, int idx64, const T* val, int64_t m,       \
+                                   T* out, int64_t n, double divisor, int threads) {          \
+    try {                                                                                     \
+      return idx64 ? scatter_mean<T, int64_t>(static_cast<const int64_t*>(idx), val, m, out,  \
+                                              n, divisor, threads)                            \
+                   : scatter_mean<T, int32_t>(static_cast<const int32_t*>(idx), val, m, out,  \
+                                              n, divisor, threads);                           \
+    } catch (...) {                                                                           \
+      return -2; /* no memory for the sorted pairs: nothing written */                        \
+    }                                                                                         \
   }
 
 GC_DEFINE(f32, float)

@@ -1,0 +1,130 @@
+"""Decoding into the caller's buffer: Session.exchange(out=...). The DDP hook passes the
+gradient itself, so a compressor whose decode builds a dense aggregate from zero writes
+it there instead of allocating a full-size tensor every step and copying it back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compressors
+from compressors import Session, drive
+from repro.hooks import WorkerCompression
+
+NAMES = compressors.list_compressors()
+WORKERS = 2
+NUMEL = 4096
+# Decoders that start from a zero dense tensor (a scatter of sparse pairs, or a sum of
+# decoded payloads in the input's dtype). The others (dense allreduce, FP16, PowerSGD,
+# SignSGD's integer vote, TernGrad's shared-scaler allreduce, THC's integer sum) return
+# a tensor they already have and leave `out` alone.
+DECODES_INTO_OUT = {
+    "cltk", "deft", "dgc", "dragonn", "efsignsgd", "gaussianksgd", "hard_threshold",
+    "mstopk", "qsgd", "randomk", "redsync", "sidco_e", "sidco_gp", "sidco_p", "topk",
+}
+
+
+def _params(name: str) -> dict:
+    return {"ratio": 0.05} if "ratio" in compressors.default_params(name) else {}
+
+
+def _grads(step: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(100 + step)
+    return [torch.randn(NUMEL, generator=g) for _ in range(WORKERS)]
+
+
+def _run(name: str, feedback: str, out_kind: str | None, steps: int = 3):
+    """Every step's outcomes, the out buffers given and the gradients, and the sessions.
+    out_kind: None (no out), "buffer" (a NaN-filled buffer like the gradient: it must be
+    zeroed before use) or "grad" (the gradient itself)."""
+    comp = compressors.build(name, **_params(name))
+    sessions = [Session(comp, rank=r, world_size=WORKERS, feedback=feedback, seed=5)
+                for r in range(WORKERS)]
+    history = []
+    for step in range(steps):
+        grads = _grads(step)
+        if out_kind == "buffer":
+            outs = [torch.full_like(g, float("nan")) for g in grads]
+        elif out_kind == "grad":
+            outs = list(grads)
+        else:
+            outs = [None] * WORKERS
+        originals = [g.clone() for g in grads]
+        outcomes = drive([s.exchange("grad", g, step, out=o)
+                          for s, g, o in zip(sessions, grads, outs)])
+        history.append((outcomes, outs, grads, originals))
+    return sessions, history
+
+
+def test_the_decoders_listed_are_the_registered_ones():
+    assert DECODES_INTO_OUT <= set(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_out_gives_the_same_aggregate_and_feedback(name):
+    feedback = compressors.get_class(name).default_feedback
+    ref_sessions, ref = _run(name, feedback, None)
+    sessions, got = _run(name, feedback, "buffer")
+    for (ref_outcomes, *_), (outcomes, outs, grads, originals) in zip(ref, got):
+        for r in range(WORKERS):
+            agg = outcomes[r].aggregate
+            assert torch.equal(agg, ref_outcomes[r].aggregate)
+            assert torch.equal(grads[r], originals[r]), "the gradient was modified"
+            if name in DECODES_INTO_OUT:
+                assert agg.data_ptr() == outs[r].data_ptr(), "decoded into a new tensor"
+            else:
+                assert torch.isnan(outs[r]).all(), "out was written but not returned"
+    for s, rs in zip(sessions, ref_sessions):
+        a, b = s.residual("grad"), rs.residual("grad")
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(DECODES_INTO_OUT))
+def test_out_that_is_the_compressed_tensor_is_not_used(name):
+    """Without error feedback the compressed tensor is the gradient itself: decoding into
+    it would overwrite what the protocol still reads, so a fresh tensor is used."""
+    _, ref = _run(name, "none", None)
+    _, got = _run(name, "none", "grad")
+    for (ref_outcomes, *_), (outcomes, _, grads, originals) in zip(ref, got):
+        for r in range(WORKERS):
+            assert torch.equal(outcomes[r].aggregate, ref_outcomes[r].aggregate)
+            assert outcomes[r].aggregate.data_ptr() != grads[r].data_ptr()
+            assert torch.equal(grads[r], originals[r])
+
+
+@pytest.mark.parametrize("bad, what", [
+    (torch.zeros(NUMEL + 1), "4097 elements"),
+    (torch.zeros(NUMEL, dtype=torch.float64), "torch.float64"),
+    (torch.zeros(2 * NUMEL)[::2], "contiguous=False"),
+    (torch.zeros(NUMEL).numpy(), "must be a torch.Tensor"),
+])
+def test_bad_out_is_refused_before_any_work(bad, what):
+    s = Session(compressors.build("topk", ratio=0.05), feedback="residual")
+    grad = torch.randn(NUMEL)
+    before = grad.clone()
+    with pytest.raises((TypeError, ValueError), match=what):
+        drive([s.exchange("grad", grad, 0, out=bad)])
+    assert "grad" not in s.states  # no feedback buffer, no compressor state
+    assert torch.equal(grad, before)
+
+
+def test_hook_decodes_into_the_gradients_without_a_copy():
+    """WorkerCompression.layerwise (the DDP hook's and the simulated trainer's path): the
+    average lands in each gradient's own memory, equal to a plain Session's aggregate."""
+    buffer = torch.randn(300, generator=torch.Generator().manual_seed(3))
+    named = [("w", buffer[:200].view(10, 20)), ("b", buffer[200:])]
+    expected = {}
+    for n, g in named:
+        ref = Session(compressors.build("topk", ratio=0.1), feedback="residual",
+                      seed=0)
+        expected[n] = drive([ref.exchange(n, g.clone(), 0)])[0].aggregate
+    worker = WorkerCompression(compressors.build("topk", ratio=0.1), rank=0, world_size=1)
+    job, finish = worker.layerwise(named, 0, buffer=buffer)
+    outcomes = drive([job])[0]
+    for (n, g), o in zip(named, outcomes):
+        assert o.aggregate.data_ptr() == g.data_ptr()
+    finish(outcomes)
+    for n, g in named:
+        assert torch.equal(g.reshape(-1), expected[n])
