@@ -85,6 +85,35 @@ class TopK(Sparsifier):
         return target_k(numel, self.ratio)
 
 
+# random_subset draws with replacement while k ≤ d / _PERMUTE_ABOVE (then about 1.15·k
+# draws at most); above that a full permutation is cheaper than the repeats.
+_PERMUTE_ABOVE = 4
+
+
+def random_subset(numel: int, k: int, generator: torch.Generator,
+                  device: torch.device | str) -> torch.Tensor:
+    """k distinct indices of [0, numel), a uniformly random k-subset, as int64 in draw
+    order: a function of the generator's state only, so ranks seeded alike draw the same.
+    O(k log k): indices are drawn with replacement and repeats are dropped, keeping first
+    occurrences in draw order (sequential sampling without replacement; taking the
+    smallest distinct ones instead would favour small indices), drawing again until k are
+    found. torch.randperm(numel)[:k] costs O(numel) (1.7 s at 26M on this 2-core CPU);
+    it is used only when k > numel / _PERMUTE_ABOVE."""
+    if k * _PERMUTE_ABOVE > numel:
+        return torch.randperm(numel, generator=generator, device=device)[:k]
+    picked = torch.empty(0, dtype=torch.int64, device=device)
+    while picked.numel() < k:
+        need = k - picked.numel()
+        draws = torch.randint(numel, (need + need // 4 + 16,), generator=generator,
+                              device=device)
+        cand = torch.cat([picked, draws])
+        uniq, inverse = torch.unique(cand, sorted=True, return_inverse=True)
+        first = torch.full((uniq.numel(),), cand.numel(), dtype=torch.int64, device=device)
+        first.scatter_reduce_(0, inverse, torch.arange(cand.numel(), device=device), "amin")
+        picked = cand[first.sort().values]  # each value once, in the order first drawn
+    return picked[:k]
+
+
 @register("randomk")
 class RandomK(Compressor):
     """k coordinates drawn uniformly without replacement from a seed shared by all ranks
@@ -104,7 +133,7 @@ class RandomK(Compressor):
         k = target_k(numel, self.ratio)
         g = torch.Generator(device=acc.device)
         g.manual_seed(ctx.shared_seed)
-        indices = torch.randperm(numel, generator=g, device=acc.device)[:k].to(index_dtype(numel))
+        indices = random_subset(numel, k, g, acc.device).to(index_dtype(numel))
         wire = acc[indices]
         if self.unbiased:
             wire.mul_(numel / k)
