@@ -14,6 +14,7 @@ them as integers.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ from compressors.base import (
     Segment,
     Sent,
 )
+from compressors import _native
+from compressors._native import thc_native
 from compressors.counter_stream import draw_seed
 from compressors.requests import AllGather, AllReduce
 from compressors.registry import register
@@ -151,6 +154,12 @@ class Groups:
                 lengths.append(rest)
         return Groups(lengths, device)
 
+    @functools.cached_property
+    def offsets(self) -> torch.Tensor:
+        """Where each group starts, and the end: count + 1 int64 on the CPU."""
+        return torch.cat([torch.zeros(1, dtype=torch.int64),
+                          self.lengths.cpu().cumsum(0)])
+
     def _split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cut = self.full * self.width
         return x[:cut].view(self.full, self.width), x[cut:]
@@ -202,12 +211,29 @@ def _groups(ctx: Context, acc: torch.Tensor, bucket_size: int | None = None) -> 
     return cached[1]
 
 
-def stochastic_noise(numel: int, ctx: Context, device: torch.device) -> torch.Tensor:
-    """The stochastic-rounding noise u_i ∈ [0, 1) (float32, 24 random bits) of QSGD and
-    TernGrad: THC's counter-based stream keyed by one seed from the worker's generator,
-    filled natively on the CPU (compressors.counter_stream; 26M draws of torch.rand with
-    a generator took ~200 ms here, a third of QSGD's encode)."""
-    return hash_noise(numel, draw_seed(ctx.generator), device)
+def stochastic_levels(x: torch.Tensor, groups: Groups, inv: torch.Tensor,
+                      bound: torch.Tensor | None, levels: int, seed: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """QSGD's and TernGrad's signed stochastic rounding, per element of group g:
+        a = min(|x_i|, bound[g]) · inv[g]   (no bound when None),
+        l = min(⌊a⌋ + [u_i < a − ⌊a⌋], levels),   out_i = sign(x_i) · l   (dtype),
+    so E[l] = a for a ≤ levels. u_i ∈ [0, 1) is THC's counter-based stream keyed by `seed`
+    (compressors.counter_stream; 26M draws of torch.rand with a generator took ~200 ms
+    here). Contiguous CPU float32 takes one fused native pass (thc_native) with the same
+    bits as the torch expression below, which the other inputs run (in x's dtype)."""
+    if (x.dtype == torch.float32 and levels <= 1 << 24 and dtype in thc_native.LEVEL_BYTES
+            and _native.supports_cpu(x)):
+        return thc_native.stochastic_levels(
+            x, groups.offsets, inv.float().contiguous(),
+            None if bound is None else bound.float().contiguous(), levels, seed, dtype)
+    a = x.abs()
+    if bound is not None:
+        a = torch.minimum(a, groups.per_element(bound.to(x.dtype)))
+    scaled = groups.scale_(a, inv.to(x.dtype))
+    level = scaled.floor()
+    noise = hash_noise(x.numel(), seed, x.device).to(x.dtype)
+    level.add_(noise < scaled.sub_(level)).clamp_(max=levels)
+    return level.mul_(x.sign()).to(dtype)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -371,11 +397,9 @@ class QSGD(Compressor):
         norms = groups.reduce(x * x, "sum").sqrt_()
         # s/‖v‖ per bucket; an all-zero bucket quantizes to zeros instead of 0/0.
         inv = torch.where(norms > 0, self.levels / norms.clamp_min(torch.finfo(work).tiny), 0.0)
-        scaled = groups.scale_(x.abs(), inv)  # s·|v_i|/‖v‖ ∈ [0, s]
-        level = scaled.floor()
-        up = stochastic_noise(numel, ctx, acc.device).to(work)
-        level.add_(up < scaled.sub_(level)).clamp_(max=self.levels)
-        wire = level.mul_(x.sign()).to(level_dtype(self.levels))
+        # s·|v_i|/‖v‖ ∈ [0, s], rounded stochastically to an integer level, signed
+        wire = stochastic_levels(x, groups, inv, None, self.levels, draw_seed(ctx.generator),
+                                 level_dtype(self.levels))
         norms = norms.float()
         all_levels, all_norms = yield (AllGather(as_bytes(wire)), AllGather(norms))
 
@@ -442,19 +466,23 @@ class TernGrad(Compressor):
         work = _work_dtype(acc.dtype)
         x = acc.to(work)
         groups = _groups(ctx, acc)
+        bound = None  # per tensor: |g| is clipped to cσ
         if self.clip is not None:
             rms = (groups.reduce(x * x, "sum") / groups.sizes.to(work)).sqrt_()
-            bound = groups.per_element(rms * self.clip)
-            x = torch.minimum(torch.maximum(x, -bound), bound)
-        magnitude = x.abs()
-        scaler = groups.reduce(magnitude, "max").float()
+            bound = rms * self.clip
+        # The scaler max_i min(|g_i|, cσ) is min(max_i |g_i|, cσ): no clipped copy of g.
+        scaler = groups.reduce(x.abs(), "max")
+        if bound is not None:
+            scaler = torch.minimum(scaler, bound)
+        scaler = scaler.float()
         if self.scaler_sharing:
             scaler = yield AllReduce(scaler, op="max")
-        # b_i ~ Bernoulli(|g_i|/s); an all-zero tensor (s = 0) gives zeros, not 0/0.
+        # b_i ~ Bernoulli(min(|g_i|, cσ)/s), sent as sign(g_i)·b_i (the levels of s = 1);
+        # an all-zero tensor (s = 0) gives zeros, not 0/0.
         inv = torch.where(scaler > 0, 1.0 / scaler.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-        keep = groups.scale_(magnitude.to(torch.float32), inv)
-        keep = stochastic_noise(numel, ctx, acc.device) < keep
-        ternary = x.sign().mul_(keep).to(torch.int8)
+        ternary = stochastic_levels(x.to(torch.float32), groups, inv,
+                                    None if bound is None else bound.float(), 1,
+                                    draw_seed(ctx.generator), torch.int8)
 
         if self.scaler_sharing:
             wire = ternary.to(level_dtype(ctx.world_size, summed=True), copy=True)

@@ -1,7 +1,9 @@
 """Run a function on n local gloo ranks (spawned processes) and collect the results.
 
 Used by the 2-process tests and by anyone checking a compressor over real ranks without
-torchrun. Rendezvous goes through a file, so no port is needed.
+torchrun. Rendezvous goes through a file, so no port is needed. Also `with_threads`: a
+call with torch's intra-op thread count set for it (the native kernels split their work
+by that count).
 """
 
 from __future__ import annotations
@@ -56,3 +58,13 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: 
                 raise RuntimeError(f"rank {r} failed:\n{blob['error']}")
             results.append(blob["result"])
         return results
+
+
+def with_threads(n: int, fn: Callable[[], Any]) -> Any:
+    """fn() with torch.set_num_threads(n), the previous count restored afterwards."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        return fn()
+    finally:
+        torch.set_num_threads(old)

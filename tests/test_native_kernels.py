@@ -12,6 +12,7 @@ import torch
 
 import compressors
 from compressors import Session, _native, drive
+from repro.testing import with_threads
 
 needs_native = pytest.mark.skipif(not _native.available(),
                                   reason=f"native kernels unavailable: {_native.error()}")
@@ -24,15 +25,6 @@ def _laplace(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
     return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(dtype)
-
-
-def _with_threads(n: int, fn):
-    old = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        return fn()
-    finally:
-        torch.set_num_threads(old)
 
 
 @needs_native
@@ -64,9 +56,9 @@ def test_pool_equals_select_and_stats(n, dense, quantile, index_dtype):
 def test_pool_does_not_depend_on_the_thread_count(dense, index_dtype):
     x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=3)
     t = float(x.abs().quantile(0.9))
-    runs = [_with_threads(k, lambda: _native.pool(x, t, above=t / 3, shift=t / 3,
-                                                  squares=True, dense=dense,
-                                                  index_dtype=index_dtype))
+    runs = [with_threads(k, lambda: _native.pool(x, t, above=t / 3, shift=t / 3,
+                                                 squares=True, dense=dense,
+                                                 index_dtype=index_dtype))
             for k in (1, 2, 3)]
     for st, idx, val in runs[1:]:
         assert st == runs[0][0]
@@ -116,7 +108,7 @@ def test_branch_free_selection_equals_the_skipping_one(n, quantile, threads):
     for strict in (False, True):
         for values in (False, True):
             skip = _native.select(x, t, strict=strict, values=values)
-            dense = _with_threads(threads, lambda: _native.select(
+            dense = with_threads(threads, lambda: _native.select(
                 x, t, strict=strict, values=values, reserve=n))
             assert torch.equal(dense[0], skip[0]) and dense[0].dtype == torch.int64
             assert (dense[1] is None) == (not values)
@@ -136,8 +128,8 @@ def test_branch_free_selection_finds_every_nan_and_inf(n):
             y = x.clone()
             y[pos] = bad
             with pytest.raises(_native.NonFinite):
-                _with_threads(2, lambda: _native.select(y, 1e-3, check_finite=True,
-                                                        reserve=n))
+                with_threads(2, lambda: _native.select(y, 1e-3, check_finite=True,
+                                                       reserve=n))
             # without the check the same call selects (NaN compares false, Inf passes)
             idx, _ = _native.select(y, 1e-3, reserve=n)
             assert torch.equal(idx, torch.nonzero(y.abs() >= 1e-3).squeeze(1))
@@ -157,7 +149,7 @@ def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, 
     # Large enough for two threads in every pass (the pools of the first SIDCo stages are
     # compacted branch-free: δ₁·δ₂ > 2%), over several steps with their own data.
     grads = [_laplace(3 * _native.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
-    fast = _with_threads(2, lambda: _run(name, grads, ratio))
+    fast = with_threads(2, lambda: _run(name, grads, ratio))
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
         slow = _run(name, grads, ratio)
@@ -181,7 +173,7 @@ def test_hard_threshold_keeps_its_last_count_and_selects_what_the_reference_sele
         out = [drive([session.exchange("g", g, step)])[0] for step, g in enumerate(grads)]
         return out, session
 
-    fast, session = _with_threads(2, run)
+    fast, session = with_threads(2, run)
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
         slow, _ = run()
@@ -414,7 +406,7 @@ def test_scatter_mean_equals_index_add_then_divide(n, m, divisor, index_dtype, d
     if divisor > 1:
         expected.div_(divisor)
     out = torch.full((n,), float("nan"), dtype=dtype)  # every element must be written
-    got = _with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
+    got = with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
     assert got is out
     assert torch.equal(out, expected)
 

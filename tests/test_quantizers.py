@@ -13,7 +13,7 @@ import compressors
 from compressors import Segment, Session, SimulatedGroup
 from compressors.quantize import pack_signs, unpack_signs
 from repro.distributed import run
-from repro.testing import run_ranks
+from repro.testing import run_ranks, with_threads
 
 DRAWS = 2000
 # max |z| over a few hundred coordinates of N(0, 1): 5.5 is exceeded with probability
@@ -332,3 +332,66 @@ def test_real_ranks_match_simulated_workers():
                 assert torch.equal(real[r][i][0], sim[r].aggregate), (name, params, step, r)
                 assert real[r][i][1] == sim[r].bytes_sent
             i += 1
+
+
+@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.parametrize("lengths, bucket", [([1000], None), ([13, 1, 2 * 2**17 + 37, 200], None),
+                                             ([5000, 333], 128), ([2 * 2**17 + 37], 128)])
+@pytest.mark.parametrize("levels, dtype", [(1, torch.int8), (127, torch.int8),
+                                           (300, torch.int16), (40_000, torch.int32)])
+@pytest.mark.parametrize("clip", [None, 0.8])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stochastic_levels_native_equals_torch(monkeypatch, lengths, bucket, levels, dtype,
+                                               clip, threads):
+    """The fused pass (thc_native.stochastic_levels) and the torch twin give the same
+    levels bit for bit: groups that start off the 8-lane grid, ragged buckets, a bound
+    that clips, exact zeros."""
+    from compressors import _native
+    from compressors.base import Segment
+    from compressors.quantize import Groups, stochastic_levels
+
+    numel = sum(lengths)
+    layout, at = [], 0
+    for i, n in enumerate(lengths):
+        layout.append(Segment(f"t{i}", at, n, (n,)))
+        at += n
+    groups = Groups.of_layout(tuple(layout), numel, torch.device("cpu"), bucket)
+    g = torch.Generator().manual_seed(numel + levels)
+    x = torch.randn(numel, generator=g) * torch.exp(torch.randn(numel, generator=g))
+    x[::97] = 0.0
+    norms = groups.reduce(x * x, "sum").sqrt_()
+    inv = torch.where(norms > 0, levels / norms, 0.0)
+    bound = None if clip is None else norms * clip / 50
+    native = with_threads(threads, lambda: stochastic_levels(x, groups, inv, bound, levels,
+                                                             12345, dtype))
+    monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    reference = stochastic_levels(x, groups, inv, bound, levels, 12345, dtype)
+    assert native.dtype == reference.dtype == dtype
+    assert torch.equal(native, reference)
+    assert int(native.abs().max()) <= levels and bool((native != 0).any())
+
+
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_stochastic_levels_round_down_on_a_tie_with_the_noise(monkeypatch, native):
+    """a − ⌊a⌋ equal to u_i is not rounded up (P(up) = frac exactly, no 2^-24 bias): with
+    x_i = ±u_i themselves (inv = 1) every level is 0; with x_i = ±(u_i + 2^-24) all are 1."""
+    from compressors import _native
+    from compressors.base import Segment
+    from compressors.quantize import Groups, stochastic_levels
+    from compressors.thc import hash_noise
+
+    if native and not _native.available():
+        pytest.skip("native kernels unavailable")
+    if not native:
+        monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    n, seed = 4099, 77
+    groups = Groups.of_layout((Segment("t", 0, n, (n,)),), n, torch.device("cpu"))
+    u = hash_noise(n, seed)
+    sign = torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0)
+    ones = torch.ones(1)
+    at_tie = stochastic_levels(u * sign, groups, ones, None, 1, seed, torch.int8)
+    assert int(at_tie.abs().max()) == 0
+    above = stochastic_levels((u + 2.0**-24) * sign, groups, ones, None, 1, seed, torch.int8)
+    assert torch.equal(above, sign.to(torch.int8))

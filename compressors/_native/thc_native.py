@@ -33,6 +33,8 @@ _SIGNATURES = {
                                   _P, _P, _U32, _U32, _P, _P, _INT], _I64),
     "gc_thc_decode_f32": ([_P, _INT, _I64, _I64, _F, _F, _U32, _U32, _P, _INT], None),
     "gc_thc_uniform_encode_f32": ([_P, _I64, _INT, _F, _F, _F, _U32, _U32, _P], None),
+    "gc_stochastic_levels_f32": ([_P, _I64, _P, _I64, _P, _P, _F, _U32, _U32, _P, _INT, _INT],
+                                 None),
 }
 VALUE_BYTES = {torch.uint8: 1, torch.int32: 4, torch.int64: 8}
 NOISE, SIGNS = 0, 1
@@ -194,4 +196,24 @@ def uniform_encode(x: torch.Tensor, lo: float, step: float, levels: int,
     k0, k1 = words(seed)
     _lib().gc_thc_uniform_encode_f32(x.data_ptr(), n, threads(n), float(lo), float(step),
                                      float(levels), k0, k1, out.data_ptr())
+    return out
+
+
+LEVEL_BYTES = {torch.int8: 1, torch.int16: 2, torch.int32: 4}
+
+
+def stochastic_levels(x: torch.Tensor, offsets: torch.Tensor, inv: torch.Tensor,
+                      bound: torch.Tensor | None, levels: int, seed: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """QSGD's and TernGrad's signed stochastic levels of contiguous CPU float32 x in one
+    pass (compressors/quantize.py stochastic_levels: the definition, and the torch twin
+    with the same bits). `offsets`: int64 group starts and the end (groups + 1 entries);
+    `inv`, `bound`: float32 per group; levels ≤ 2^24; dtype int8, int16 or int32."""
+    n = x.numel()
+    out = torch.empty(n, dtype=dtype)
+    k0, k1 = words(seed)
+    _lib().gc_stochastic_levels_f32(
+        x.data_ptr(), n, offsets.data_ptr(), offsets.numel() - 1, inv.data_ptr(),
+        None if bound is None else bound.data_ptr(), float(levels), k0, k1, out.data_ptr(),
+        LEVEL_BYTES[dtype], threads(n))
     return out
