@@ -97,15 +97,23 @@ class Context:
     # aggregate_buffer; nothing else may write it.
     out: torch.Tensor | None = None
 
-    def aggregate_buffer(self, numel: int, dtype: torch.dtype, device: torch.device,
-                         zero: bool = True) -> torch.Tensor:
-        """A flat tensor to decode the aggregate into, zeroed unless `zero=False` (for
-        a decoder that writes every element itself): the caller's `out` when it has this
-        numel, dtype and device (a DDP gradient: no full-size buffer is allocated per
-        step, and none is copied back), else a new one."""
+    def destination(self, numel: int, dtype: torch.dtype,
+                    device: torch.device) -> torch.Tensor | None:
+        """The caller's `out` when it has this numel, dtype and device, else None."""
         out = self.out
         if (out is not None and out.numel() == numel and out.dtype == dtype
                 and out.device == torch.device(device)):
+            return out
+        return None
+
+    def aggregate_buffer(self, numel: int, dtype: torch.dtype, device: torch.device,
+                         zero: bool = True) -> torch.Tensor:
+        """A flat tensor to decode the aggregate into, zeroed unless `zero=False` (for
+        a decoder that writes every element itself): the caller's `out` when it fits (a
+        DDP gradient: no full-size buffer is allocated per step, and none is copied
+        back), else a new one."""
+        out = self.destination(numel, dtype, device)
+        if out is not None:
             return out.zero_() if zero else out
         if zero:
             return torch.zeros(numel, dtype=dtype, device=device)

@@ -349,10 +349,13 @@ class RotatedGrid:
         divisor: float,
         chunk_size: int = 0,
         zero_chunks: torch.Tensor | None = None,
+        out: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(Σ of `count` workers' table values)/divisor back to the real line (float32,
         original length): the single decompression. `count` may be per chunk of
-        `chunk_size`; `zero_chunks` marks chunks whose aggregate was lost (set to 0)."""
+        `chunk_size`; `zero_chunks` marks chunks whose aggregate was lost (set to 0).
+        `out` (float32, original length): where the fused native path writes the result
+        (Context.destination); the other paths return a tensor of their own."""
         # grid value y ∈ [0, g] ↦ rotated coordinate y·2t_p/g − t_p ↦ ×ℓ/√d' ↦ H·(·)/√d'
         # (the orthonormal inverse): with the unnormalised transform, the factor is ℓ/d'.
         unit = self.max_norm / self.padded
@@ -365,7 +368,7 @@ class RotatedGrid:
             # The affine map inside the FWHT's first pass, the signs inside its last: the
             # same float32 operations as _affine, fwht_ and the sign flip below.
             return thc_native.decode(value_sum, self.numel, scale / divisor,
-                                     offset * count / divisor, self.seed)
+                                     offset * count / divisor, self.seed, out=out)
         out = _affine(value_sum, scale, offset, count, divisor, chunk_size)
         if zero_chunks is not None:
             _per_chunk(out, chunk_size, (~zero_chunks).to(out.dtype), "mul")
@@ -766,7 +769,8 @@ class THC(_IntegerSum):
             indices=self.aggregation == "ps", count_clamped=ctx.measure, lut=lut,
         )
         got = yield from self._aggregate(indices, mine, table_int, dtype, ctx)
-        aggregate = grid.decode(got.total, got.count, got.divisor, self.chunk_size, got.lost_down)
+        aggregate = grid.decode(got.total, got.count, got.divisor, self.chunk_size, got.lost_down,
+                                out=ctx.destination(numel, torch.float32, acc.device))
         sent = grid.decode(mine, 1, 1)  # RHT⁻¹(X_i): what error feedback subtracts (line 22)
         extra = self._extra(got, dtype, padded)
         extra.update(d_padded=padded, max_norm=max_norm)

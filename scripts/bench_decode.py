@@ -1,13 +1,15 @@
 """Side by side in one process: where the aggregate is decoded (results/bench/README.md,
-"decoding into the gradient").
+"Sixth session").
 
     python scripts/bench_decode.py [--numel 26M] [--threads 2] [--repeats 9]
+                                   [--compressor topk,dgc,dragonn,sidco_e]
 
-1. One DDP-hook step of a sparsifier on one tensor (WorkerCompression.layerwise, world
-   size 1, residual error feedback, the gradient refilled before each step, outside the
-   timing): the aggregate decoded into the gradient itself (Session.exchange's `out`, what
-   the hook does) against the previous way, a new dense tensor per step copied into the
-   gradient afterwards. Timed alternately; medians in ms.
+1. One DDP-hook step of a compressor on one tensor (WorkerCompression.layerwise, world
+   size 1, residual error feedback, δ = 0.001 where it takes a ratio, the gradient
+   refilled before each step, outside the timing): the aggregate decoded into the
+   gradient itself (Session.exchange's `out`, what the hook does) against the previous
+   way, a new dense tensor per step copied into the gradient afterwards. Timed
+   alternately; medians in ms.
 2. Batched sparse decoding of K ranks' k pairs (δ = 0.001) into a preallocated tensor:
    the native one-sweep kernel (_native.scatter_mean) against torch's zero_, index_add_
    and div_ (the same bits). Medians in ms; their ratio and each path's K = 8 / K = 2."""
@@ -40,7 +42,8 @@ def hook_step(name: str, x: torch.Tensor, grad: torch.Tensor, repeats: int) -> t
     """(into the gradient, new tensor + copy) medians of one layerwise step, in ms."""
     workers = {}
     for mode in ("into", "copy"):
-        worker = WorkerCompression(compressors.build(name, ratio=0.001), rank=0,
+        params = {"ratio": 0.001} if "ratio" in compressors.default_params(name) else {}
+        worker = WorkerCompression(compressors.build(name, **params), rank=0,
                                    world_size=1, feedback="residual")
         if mode == "copy":  # the previous hook: no destination given, copy in _finish
             sess = worker.session_for("g")
@@ -99,7 +102,7 @@ def main() -> None:
     x = sources.synthetic("laplace", n, 1, 0, 0)[0]  # repro bench's default source
     grad = torch.empty_like(x)
     print(f"{n} float32 elements, {args.threads} threads, medians of {args.repeats} (ms)")
-    print("1. one hook step (layerwise, residual feedback, δ = 0.001)")
+    print("1. one hook step (layerwise, residual feedback, δ = 0.001 where it applies)")
     print(f"{'compressor':>12} {'into grad':>10} {'new+copy':>9} {'ratio':>6}")
     for name in args.compressor.split(","):
         into, copy = hook_step(name, x, grad, args.repeats)

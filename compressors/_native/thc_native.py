@@ -174,17 +174,19 @@ def rotate_encode(x: torch.Tensor, padded: int, norm: float, sign_seed: int, t_p
 
 
 def decode(total: torch.Tensor, numel: int, a: float, b: float,
-           sign_seed: int) -> torch.Tensor:
+           sign_seed: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """THC's decompression in the FWHT's two passes: float(total)·a + b written inside
     the first, the sign flip of the first `numel` results inside the last; returns those
-    `numel` floats (a view of a fresh padded buffer). `total`: contiguous CPU uint8,
-    int32 or int64 of power-of-two length."""
+    `numel` floats: a view of a fresh padded buffer, or, when `out` (contiguous CPU
+    float32 of numel) is given, `out` holding them (the passes then run in the reused
+    scratch buffer: no fresh padded buffer). `total`: contiguous CPU uint8, int32 or int64
+    of power-of-two length."""
     d = total.numel()
-    out = _empty(d, torch.float32)
+    buf = _empty(d, torch.float32) if out is None else scratch(d)
     k0, k1 = words(sign_seed)
     _lib().gc_thc_decode_f32(total.data_ptr(), VALUE_BYTES[total.dtype], d, numel, float(a),
-                             float(b), k0, k1, out.data_ptr(), threads(d))
-    return out[:numel]
+                             float(b), k0, k1, buf.data_ptr(), threads(d))
+    return buf[:numel] if out is None else out.copy_(buf[:numel])
 
 
 def uniform_encode(x: torch.Tensor, lo: float, step: float, levels: int,
