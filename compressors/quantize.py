@@ -51,7 +51,10 @@ _SIGN_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
 
 def pack_signs(x: torch.Tensor) -> torch.Tensor:
     """Bit i of the output is 1 where x[i] ≥ 0 (most significant bit first), 8 signs per
-    uint8; the last byte is padded with zeros. ceil(d/8) bytes."""
+    uint8; the last byte is padded with zeros. ceil(d/8) bytes. Contiguous CPU float32 or
+    float64 take one native pass (the same bytes, no full-size bool or byte tensors)."""
+    if _native.supports_cpu(x):
+        return _native.pack_signs(x)
     bits = x >= 0
     pad = (-bits.numel()) % 8
     if pad:
@@ -176,6 +179,15 @@ class Groups:
             return torch.cat(parts)
         return torch.segment_reduce(x, op, lengths=self.lengths)
 
+    def abs_max(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-group max |x|, shape (count,): reduce(x.abs(), "max"), the same values. One
+        group (a layer-wise tensor) takes torch.aminmax, with no |x| tensor (26M float32:
+        ~6 ms against ~42 here)."""
+        if self.count == 1:
+            low, high = torch.aminmax(x)
+            return torch.maximum(high, low.neg()).abs_().reshape(1)  # abs_: +0.0, as |x|
+        return self.reduce(x.abs(), "max")
+
     def per_element(self, values: torch.Tensor) -> torch.Tensor:
         """values[group of i] for every element i (a broadcast view for one group)."""
         if self.count == 1:
@@ -298,16 +310,19 @@ class SignSGD(Compressor):
         groups = _groups(ctx, acc)
         packed = pack_signs(acc)
         # 1 where the tensor has a non-zero element: it takes part in the vote.
-        voting = (groups.reduce(acc.abs().to(_work_dtype(acc.dtype)), "max") > 0).to(torch.int8)
+        voting = (groups.abs_max(acc) > 0).to(torch.int8)
         all_signs, all_voting = yield (AllGather(packed), AllGather(voting))
 
         votes = torch.zeros(numel, dtype=level_dtype(ctx.world_size), device=acc.device)
         for signs, flags in zip(all_signs, all_voting):
             votes.add_(groups.scale_(unpack_signs(signs, numel, torch.int8), flags))
         if self.aggregation == "majority":
-            aggregate = votes.sign_().to(acc.dtype)
+            votes.sign_()
         else:
-            aggregate = (votes.to(torch.float32) / ctx.world_size).to(acc.dtype)
+            votes = votes.to(torch.float32).div_(ctx.world_size)
+        # Cast into the caller's gradient where it fits (no full-size float tensor).
+        out = ctx.destination(numel, acc.dtype, acc.device)
+        aggregate = votes.to(acc.dtype) if out is None else out.copy_(votes)
 
         def decode() -> torch.Tensor:
             own = unpack_signs(packed, numel, _work_dtype(acc.dtype))
@@ -471,7 +486,7 @@ class TernGrad(Compressor):
             rms = (groups.reduce(x * x, "sum") / groups.sizes.to(work)).sqrt_()
             bound = rms * self.clip
         # The scaler max_i min(|g_i|, cσ) is min(max_i |g_i|, cσ): no clipped copy of g.
-        scaler = groups.reduce(x.abs(), "max")
+        scaler = groups.abs_max(x)
         if bound is not None:
             scaler = torch.minimum(scaler, bound)
         scaler = scaler.float()

@@ -16,11 +16,12 @@ WORKERS = 2
 NUMEL = 4096
 # Decoders that start from a zero dense tensor (a scatter of sparse pairs, or a sum of
 # decoded payloads in the input's dtype). The others (dense allreduce, FP16, PowerSGD,
-# SignSGD's integer vote, TernGrad's shared-scaler allreduce, uniform THC) return a
-# tensor they already have and leave `out` alone.
+# TernGrad's shared-scaler allreduce, uniform THC) return a tensor they already have
+# and leave `out` alone; SignSGD casts its integer vote into `out`.
 DECODES_INTO_OUT = {
     "cltk", "deft", "dgc", "dragonn", "efsignsgd", "gaussianksgd", "hard_threshold",
-    "mstopk", "qsgd", "randomk", "redsync", "sidco_e", "sidco_gp", "sidco_p", "topk",
+    "mstopk", "qsgd", "randomk", "redsync", "signsgd", "sidco_e", "sidco_gp", "sidco_p",
+    "topk",
 }
 # THC's fused native decode (CPU float32) also writes into `out`.
 if compressors._native.available():

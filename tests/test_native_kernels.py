@@ -328,7 +328,8 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
                 _native.stats(x, squares=True, extremes=True), _native.all_finite(x),
                 _native.sample_abs(x, 5000, 3, 4),
                 _native.scatter_mean(*_payload(x.numel(), 70_001, 1, torch.int32, x.dtype),
-                                     torch.empty_like(x), 3))
+                                     torch.empty_like(x), 3),
+                _native.pack_signs(x))
 
     expected = results()
     monkeypatch.setattr(_native, "_lib", portable)
@@ -341,6 +342,7 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     assert got[4] == expected[4] and got[5] == expected[5]
     assert torch.equal(got[6], expected[6])
     assert torch.equal(got[7], expected[7])
+    assert torch.equal(got[8], expected[8])
 
 
 @needs_native

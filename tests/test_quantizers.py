@@ -206,6 +206,23 @@ def test_sign_packing_round_trip(numel):
     assert torch.equal(unpack_signs(packed, numel, torch.float32), torch.where(x >= 0, 1.0, -1.0))
 
 
+@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.parametrize("numel", [1, 7, 8, 9, 13, 1000, 2 * 2**17 + 37])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sign_packing_native_equals_torch(monkeypatch, numel, dtype, threads):
+    """The native pack (one pass) writes the torch expression's bytes: bit order, the
+    padded last byte, −0.0 (sets its bit), NaN (does not), ±Inf."""
+    from compressors import _native
+
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel), dtype=dtype)
+    special = torch.tensor([-0.0, 0.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)
+    x[: min(numel, 5)] = special[: min(numel, 5)]
+    native = with_threads(threads, lambda: pack_signs(x))
+    monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    assert torch.equal(native, pack_signs(x))
+
+
 def test_efsignsgd_scaled_sign_per_tensor_bytes_and_error_feedback():
     layout = layout_of(100, 37)
     g = torch.Generator().manual_seed(6)
@@ -395,3 +412,21 @@ def test_stochastic_levels_round_down_on_a_tie_with_the_noise(monkeypatch, nativ
     assert int(at_tie.abs().max()) == 0
     above = stochastic_levels((u + 2.0**-24) * sign, groups, ones, None, 1, seed, torch.int8)
     assert torch.equal(above, sign.to(torch.int8))
+
+
+@pytest.mark.parametrize("lengths", [[1000], [13, 1, 200], [128, 128, 5]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_group_abs_max_equals_the_max_of_abs(lengths, dtype):
+    """Groups.abs_max (aminmax for one group) is reduce(x.abs(), "max") bit for bit, +0.0
+    for a group of −0.0 (where the max of the aminmax pair is −0.0)."""
+    from compressors.quantize import Groups
+
+    groups = Groups(lengths, torch.device("cpu"))
+    x = torch.randn(sum(lengths), generator=torch.Generator().manual_seed(len(lengths)))
+    x = x.to(dtype)
+    x[: lengths[0]] *= -1 if len(lengths) > 1 else 1
+    assert torch.equal(groups.abs_max(x), groups.reduce(x.abs(), "max"))
+    zeros = torch.full((sum(lengths),), -0.0, dtype=dtype)
+    got = groups.abs_max(zeros)
+    assert torch.equal(got, torch.zeros(len(lengths), dtype=dtype))
+    assert not torch.signbit(got).any()

@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 5
+ABI_VERSION = 6
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -159,6 +159,9 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.restype = ctypes.c_int
         f = getattr(lib, f"gc_select_take_{suffix}")
         f.argtypes = [_P, _P, _P, _P]
+        f.restype = None
+        f = getattr(lib, f"gc_pack_signs_{suffix}")
+        f.argtypes = [ptr, _C_INT64, _P, ctypes.c_int]
         f.restype = None
         f = getattr(lib, f"gc_scatter_mean_{suffix}")
         f.argtypes = [_P, ctypes.c_int, ptr, _C_INT64, ptr, _C_INT64, ctypes.c_double,
@@ -413,6 +416,16 @@ def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,
     if bad >= 0:
         raise IndexError(f"index {int(idx[bad])} at position {bad} is out of bounds for a "
                          f"tensor of {n} elements")
+    return out
+
+
+def pack_signs(x: torch.Tensor) -> torch.Tensor:
+    """SignSGD's 1-bit wire of a tensor supports_cpu takes: bit 7 − j of byte i is set
+    where x[8i + j] ≥ 0, ceil(n/8) uint8 (compressors/quantize.py pack_signs, the same
+    bytes). One read of x."""
+    n = x.numel()
+    out = torch.empty((n + 7) // 8, dtype=torch.uint8)
+    _fn("gc_pack_signs", x)(x.data_ptr(), n, out.data_ptr(), _threads(n))
     return out
 
 

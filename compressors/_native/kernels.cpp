@@ -892,6 +892,48 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
   return -1;
 }
 
+
+// SignSGD's and EF-SignSGD's packed signs (compressors/quantize.py pack_signs): bit 7 − j
+// of byte i is 1 where x[8i + j] ≥ 0 (a NaN gives 0, −0.0 gives 1: the comparison
+// torch makes), the last byte padded with zeros. One read of x, n/8 bytes written.
+struct BitReverse {
+  uint8_t r[256];
+  BitReverse() {
+    for (int m = 0; m < 256; ++m) {
+      int v = 0;
+      for (int b = 0; b < 8; ++b) v |= ((m >> b) & 1) << (7 - b);
+      r[m] = static_cast<uint8_t>(v);
+    }
+  }
+};
+const BitReverse bit_reverse;
+
+template <typename T>
+void pack_signs(const T* x, int64_t n, uint8_t* out, int threads) {
+  const int64_t bytes = (n + 7) / 8;
+  parallel_range((bytes + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * BLOCK, hi = std::min(bytes, b1 * BLOCK);
+    int64_t i = lo;
+#if defined(__AVX__)
+    if constexpr (std::is_same<T, float>::value) {
+      const __m256 zero = _mm256_setzero_ps();
+      for (; i < hi && i * 8 + 8 <= n; ++i) {
+        const int m = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i * 8), zero,
+                                                       _CMP_GE_OQ));
+        out[i] = bit_reverse.r[m];
+      }
+    }
+#endif
+    for (; i < hi; ++i) {
+      const int64_t base = i * 8;
+      const int m = static_cast<int>(std::min<int64_t>(8, n - base));
+      int v = 0;
+      for (int j = 0; j < m; ++j) v |= static_cast<int>(x[base + j] >= T(0)) << (7 - j);
+      out[i] = static_cast<uint8_t>(v);
+    }
+  });
+}
+
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
@@ -919,7 +961,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 5; }
+int gc_abi_version() { return 6; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -966,6 +1008,9 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
   }                                                                                           \
   void gc_select_take_##SUFFIX(void* h, int64_t* idx, int32_t* idx32, T* val) {              \
     select_take<T>(h, idx, idx32, val);                                                       \
+  }                                                                                           \
+  void gc_pack_signs_##SUFFIX(const T* x, int64_t n, uint8_t* out, int threads) {             \
+    pack_signs<T>(x, n, out, threads);                                                        \
   }                                                                                           \
   int64_t gc_scatter_mean_##SUFFIX(const void* idx, int idx64, const T* val, int64_t m,       \
                                    T* out, int64_t n, double divisor, int threads) {          \
