@@ -85,8 +85,8 @@ class TopK(Sparsifier):
         return target_k(numel, self.ratio)
 
 
-# random_subset draws with replacement while k ≤ d / _PERMUTE_ABOVE (then about 1.15·k
-# draws at most); above that a full permutation is cheaper than the repeats.
+# random_subset draws with replacement while k ≤ d / _PERMUTE_ABOVE (then at most about
+# 1.15·k draws are expected); above that a full permutation is cheaper than the repeats.
 _PERMUTE_ABOVE = 4
 
 

@@ -800,7 +800,6 @@ int all_finite(const T* x, int64_t n, int threads) {
   return 1;
 }
 
-
 // Batched sparse decoding (compressors.base.sparse_mean on the CPU): out[0, n) = 0, then
 // out[idx[j]] += val[j] for j = 0, 1, ... in order, then out /= divisor (when above 1):
 // the same additions in the same order as torch's index_add_, and the same true division
@@ -891,7 +890,6 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
   });
   return -1;
 }
-
 
 // SignSGD's and EF-SignSGD's packed signs (compressors/quantize.py pack_signs): bit 7 − j
 // of byte i is 1 where x[8i + j] ≥ 0 (a NaN gives 0, −0.0 gives 1: the comparison
