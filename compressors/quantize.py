@@ -79,6 +79,18 @@ def unpack_signs(packed: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.
     return table.index_select(0, packed.to(torch.int32)).view(-1)[:numel]
 
 
+def add_signs_(total: torch.Tensor, packed: torch.Tensor, groups: Groups,
+               weights: torch.Tensor) -> torch.Tensor:
+    """total += unpack_signs(packed) · weights[group], in place (one rank's decoded signs:
+    SignSGD's votes, EF-SignSGD's scaled signs). On the CPU one native pass with the same
+    bits (±1·w is exactly ±w), without the unpacked full-size tensor."""
+    if (_native.available() and total.device.type == "cpu" and total.is_contiguous()
+            and total.dtype in _native._SIGN_TOTALS):
+        return _native.add_signs_(total, packed, groups.offsets, weights.to(total.dtype))
+    return total.add_(groups.scale_(unpack_signs(packed, total.numel(), total.dtype),
+                                    weights.to(total.dtype)))
+
+
 def level_dtype(max_abs: int, summed: bool = False) -> torch.dtype:
     """The smallest signed integer type holding values in [-max_abs, max_abs]. Gloo and
     NCCL have no int16 reductions, so a tensor to be summed skips int16."""
@@ -315,7 +327,7 @@ class SignSGD(Compressor):
 
         votes = torch.zeros(numel, dtype=level_dtype(ctx.world_size), device=acc.device)
         for signs, flags in zip(all_signs, all_voting):
-            votes.add_(groups.scale_(unpack_signs(signs, numel, torch.int8), flags))
+            add_signs_(votes, signs, groups, flags)
         if self.aggregation == "majority":
             votes.sign_()
         else:
@@ -360,7 +372,7 @@ class EFSignSGD(Compressor):
 
         total = ctx.aggregate_buffer(numel, torch.float32, acc.device)
         for signs, scale in zip(all_signs, all_scales):
-            total.add_(groups.scale_(unpack_signs(signs, numel, torch.float32), scale))
+            add_signs_(total, signs, groups, scale)
         aggregate = total.div_(ctx.world_size).to(acc.dtype)
 
         def decode() -> torch.Tensor:

@@ -329,7 +329,9 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
                 _native.sample_abs(x, 5000, 3, 4),
                 _native.scatter_mean(*_payload(x.numel(), 70_001, 1, torch.int32, x.dtype),
                                      torch.empty_like(x), 3),
-                _native.pack_signs(x))
+                _native.pack_signs(x),
+                _native.add_signs_(x.clone(), _native.pack_signs(x.flip(0)),
+                                   torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, 2.0])))
 
     expected = results()
     monkeypatch.setattr(_native, "_lib", portable)
@@ -343,6 +345,7 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     assert torch.equal(got[6], expected[6])
     assert torch.equal(got[7], expected[7])
     assert torch.equal(got[8], expected[8])
+    assert torch.equal(got[9], expected[9])
 
 
 @needs_native

@@ -430,3 +430,32 @@ def test_group_abs_max_equals_the_max_of_abs(lengths, dtype):
     got = groups.abs_max(zeros)
     assert torch.equal(got, torch.zeros(len(lengths), dtype=dtype))
     assert not torch.signbit(got).any()
+
+
+@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.parametrize("lengths", [[1000], [13, 1, 2 * 2**17 + 37, 200], [8, 8, 3]])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.int16, torch.int32])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_add_signs_native_equals_torch(monkeypatch, lengths, dtype, threads):
+    """One rank's decoded signs added natively (no unpacked tensor) give the torch form's
+    bits: groups off the byte grid, a zero weight (a tensor that abstains), every type."""
+    from compressors import _native
+    from compressors.quantize import Groups, add_signs_
+
+    groups = Groups(lengths, torch.device("cpu"))
+    n = sum(lengths)
+    g = torch.Generator().manual_seed(n)
+    packed = pack_signs(torch.randn(n, generator=g))
+    if dtype == torch.float32:
+        weights = torch.rand(len(lengths), generator=g) * 3
+        start = torch.randn(n, generator=g)
+    else:
+        weights = torch.ones(len(lengths), dtype=dtype)
+        start = torch.randint(-5, 5, (n,), generator=g).to(dtype)
+    if len(lengths) > 1:
+        weights[-1] = 0
+    native = with_threads(threads, lambda: add_signs_(start.clone(), packed, groups, weights))
+    monkeypatch.setattr(_native, "available", lambda: False)
+    reference = add_signs_(start.clone(), packed, groups, weights)
+    assert torch.equal(native, reference)
+    assert not torch.equal(native, start)

@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 6
+ABI_VERSION = 7
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -172,6 +172,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                       ctypes.c_double, ctypes.c_int, ctypes.c_int, _C_INT64, _P,
                                       ctypes.POINTER(_C_INT64), ctypes.c_int]
     lib.gc_pool_begin_f32.restype = _P
+    lib.gc_add_signs.argtypes = [_P, ctypes.c_int, _P, _C_INT64, _P, _C_INT64, _P, ctypes.c_int]
+    lib.gc_add_signs.restype = None
     lib.gc_release_scratch.argtypes = []
     lib.gc_release_scratch.restype = None
     lib.gc_abi_version.restype = ctypes.c_int
@@ -427,6 +429,29 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n + 7) // 8, dtype=torch.uint8)
     _fn("gc_pack_signs", x)(x.data_ptr(), n, out.data_ptr(), _threads(n))
     return out
+
+
+_SIGN_TOTALS = {torch.float32: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3}
+
+
+def add_signs_(total: torch.Tensor, packed: torch.Tensor, offsets: torch.Tensor,
+               weights: torch.Tensor) -> torch.Tensor:
+    """In place, for i in group g (`offsets`: int64 group starts and the end): total[i] +=
+    weights[g] where bit i of `packed` (pack_signs' layout) is set, −weights[g] where it
+    is not. CPU, contiguous; total float32, int8, int16 or int32 and weights of its dtype
+    (compressors/quantize.py add_signs_: the torch form, the same bits)."""
+    if (total.dtype not in _SIGN_TOTALS or total.device.type != "cpu"
+            or not total.is_contiguous() or weights.dtype != total.dtype
+            or packed.dtype != torch.uint8 or packed.numel() * 8 < total.numel()):
+        raise TypeError(f"add_signs_() takes a contiguous CPU float32/int8/int16/int32 total, "
+                        f"weights of its dtype and enough uint8 signs; got {total.dtype}, "
+                        f"{weights.dtype}, {packed.dtype} ({packed.numel()} bytes)")
+    n = total.numel()
+    packed, weights, offsets = packed.contiguous(), weights.contiguous(), offsets.contiguous()
+    load().gc_add_signs(total.data_ptr(), _SIGN_TOTALS[total.dtype], packed.data_ptr(), n,
+                        offsets.data_ptr(), offsets.numel() - 1, weights.data_ptr(),
+                        _threads(n))
+    return total
 
 
 def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,

@@ -932,6 +932,55 @@ void pack_signs(const T* x, int64_t n, uint8_t* out, int threads) {
   });
 }
 
+
+// SignSGD's and EF-SignSGD's decode of one rank's packed signs (compressors/quantize.py
+// add_signs_): total[i] += w[g] where bit i is set (bit 7 − i mod 8 of byte i / 8), −w[g]
+// where it is not, for i in group g ([off[g], off[g + 1])). The torch form adds the
+// unpacked ±1 times w[g]; ±1·w is exactly ±w in every type here, so the same bits, without
+// the unpacked full-size tensor.
+// 8 lanes of T (spelled out per type: GCC drops vector_size on a dependent typedef).
+template <typename T> struct Lanes8;
+template <> struct Lanes8<float> { typedef float type __attribute__((vector_size(32))); };
+template <> struct Lanes8<int8_t> { typedef int8_t type __attribute__((vector_size(8))); };
+template <> struct Lanes8<int16_t> { typedef int16_t type __attribute__((vector_size(16))); };
+template <> struct Lanes8<int32_t> { typedef int32_t type __attribute__((vector_size(32))); };
+
+template <typename T>
+void add_signs(T* total, const uint8_t* packed, int64_t n, const int64_t* off, int64_t groups,
+               const T* w, int threads) {
+  typedef typename Lanes8<T>::type V;
+  static_assert(sizeof(V) == 8 * sizeof(T), "8 lanes");
+  // ±1 for the 8 bits of every byte value, most significant bit first
+  static const std::vector<V> signs = [] {
+    std::vector<V> t(256);
+    for (int b = 0; b < 256; ++b) {
+      T lanes[8];
+      for (int l = 0; l < 8; ++l) lanes[l] = static_cast<T>(((b >> (7 - l)) & 1) ? 1 : -1);
+      std::memcpy(&t[b], lanes, sizeof lanes);
+    }
+    return t;
+  }();
+  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
+    int64_t g = std::upper_bound(off, off + groups + 1, lo) - off - 1;
+    for (int64_t i = lo; i < hi; ++g) {
+      const int64_t end = std::min(hi, off[g + 1]);
+      const T plus = w[g], minus = static_cast<T>(-w[g]);
+      const V wv = V{} + w[g];
+      for (; i < end && (i & 7); ++i)
+        total[i] += ((packed[i >> 3] >> (7 - (i & 7))) & 1) ? plus : minus;
+      for (; i + 8 <= end; i += 8) {  // a whole byte: ±1·w is exactly ±w
+        V t;
+        std::memcpy(&t, total + i, sizeof t);
+        t += signs[packed[i >> 3]] * wv;
+        std::memcpy(total + i, &t, sizeof t);
+      }
+      for (; i < end; ++i)
+        total[i] += ((packed[i >> 3] >> (7 - (i & 7))) & 1) ? plus : minus;
+    }
+  });
+}
+
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
@@ -959,9 +1008,24 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 6; }
+int gc_abi_version() { return 7; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
+
+// add_signs on total of type 0: float32, 1: int8, 2: int16, 3: int32 (w of the same type).
+void gc_add_signs(void* total, int type, const uint8_t* packed, int64_t n, const int64_t* off,
+                  int64_t groups, const void* w, int threads) {
+  switch (type) {
+    case 1: add_signs(static_cast<int8_t*>(total), packed, n, off, groups,
+                      static_cast<const int8_t*>(w), threads); break;
+    case 2: add_signs(static_cast<int16_t*>(total), packed, n, off, groups,
+                      static_cast<const int16_t*>(w), threads); break;
+    case 3: add_signs(static_cast<int32_t*>(total), packed, n, off, groups,
+                      static_cast<const int32_t*>(w), threads); break;
+    default: add_signs(static_cast<float*>(total), packed, n, off, groups,
+                       static_cast<const float*>(w), threads);
+  }
+}
 
 // Frees the scratch buffers kept between calls (they are kept up to POOL_KEEP, the largest
 // ever used: after a very large tensor a process may want the memory back).
