@@ -84,6 +84,22 @@ void parallel_range(int64_t count, int threads, F&& body) {
   run_parts(nth, [&](int t) { body(count * t / nth, count * (t + 1) / nth); });
 }
 
+// Per-element work over consecutive groups (a layout's tensors, QSGD's buckets): [0, n)
+// in blocks across threads, each block cut where a group ends; run(g, a, b) gets the
+// pieces [a, b) of group g in order. off[0..groups]: the group starts and the end.
+template <typename F>
+void parallel_group_runs(int64_t n, const int64_t* off, int64_t groups, int threads, F&& run) {
+  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
+    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
+    int64_t g = std::upper_bound(off, off + groups + 1, lo) - off - 1;
+    for (int64_t a = lo; a < hi; ++g) {
+      const int64_t b = std::min(hi, off[g + 1]);
+      run(g, a, b);
+      a = b;
+    }
+  });
+}
+
 // Four lanes of doubles (GCC/Clang vector extensions: AVX2 registers where the CPU has
 // them, pairs of SSE2 registers or scalars elsewhere). Float inputs are widened exactly.
 typedef double v4d __attribute__((vector_size(32)));

@@ -960,24 +960,19 @@ void add_signs(T* total, const uint8_t* packed, int64_t n, const int64_t* off, i
     }
     return t;
   }();
-  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
-    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
-    int64_t g = std::upper_bound(off, off + groups + 1, lo) - off - 1;
-    for (int64_t i = lo; i < hi; ++g) {
-      const int64_t end = std::min(hi, off[g + 1]);
-      const T plus = w[g], minus = static_cast<T>(-w[g]);
-      const V wv = V{} + w[g];
-      for (; i < end && (i & 7); ++i)
-        total[i] += ((packed[i >> 3] >> (7 - (i & 7))) & 1) ? plus : minus;
-      for (; i + 8 <= end; i += 8) {  // a whole byte: ±1·w is exactly ±w
-        V t;
-        std::memcpy(&t, total + i, sizeof t);
-        t += signs[packed[i >> 3]] * wv;
-        std::memcpy(total + i, &t, sizeof t);
-      }
-      for (; i < end; ++i)
-        total[i] += ((packed[i >> 3] >> (7 - (i & 7))) & 1) ? plus : minus;
+  parallel_group_runs(n, off, groups, threads, [&](int64_t g, int64_t i, int64_t end) {
+    const T plus = w[g], minus = static_cast<T>(-w[g]);
+    const V wv = V{} + w[g];
+    for (; i < end && (i & 7); ++i)
+      total[i] += ((packed[i >> 3] >> (7 - (i & 7))) & 1) ? plus : minus;
+    for (; i + 8 <= end; i += 8) {  // a whole byte: ±1·w is exactly ±w
+      V t;
+      std::memcpy(&t, total + i, sizeof t);
+      t += signs[packed[i >> 3]] * wv;
+      std::memcpy(total + i, &t, sizeof t);
     }
+    for (; i < end; ++i)
+      total[i] += ((packed[i >> 3] >> (7 - (i & 7))) & 1) ? plus : minus;
   });
 }
 

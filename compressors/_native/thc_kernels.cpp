@@ -549,40 +549,35 @@ template <typename O>
 void stochastic_levels(const float* x, int64_t n, const int64_t* off, int64_t groups,
                        const float* inv, const float* bound, float s, uint32_t k0, uint32_t k1,
                        O* out, int threads) {
-  parallel_range((n + BLOCK - 1) / BLOCK, threads, [&](int64_t b0, int64_t b1) {
-    const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
-    int64_t g = std::upper_bound(off, off + groups + 1, lo) - off - 1;
-    for (int64_t i = lo; i < hi; ++g) {
-      const int64_t end = std::min(hi, off[g + 1]);
-      const float iv = inv[g];
-      const float bd = bound ? bound[g] : std::numeric_limits<float>::infinity();
-      auto one = [&](int64_t j) {
-        float a = std::fabs(x[j]);
-        a = bd < a ? bd : a;
-        a = a * iv;
-        const float f = static_cast<float>(static_cast<int32_t>(a));
-        float l = f + (hash_noise(counter_hash(j, k0, k1)) < a - f ? 1.0f : 0.0f);
-        l = s < l ? s : l;
-        const int32_t q = static_cast<int32_t>(l);
-        out[j] = static_cast<O>(x[j] > 0 ? q : (x[j] < 0 ? -q : 0));
-      };
-      for (; i < end && (i & 7); ++i) one(i);
-      const v8f bdv = bd - v8f{}, ivv = iv - v8f{}, sv = s - v8f{}, zero = v8f{};
-      for (; i + 8 <= end; i += 8) {  // i % 8 == 0: counter_hash8's lanes
-        const v8f v = load8(x + i);
-        v8f a = vabs8(v);
-        a = bdv < a ? bdv : a;
-        a = a * ivv;
-        const v8f f = __builtin_convertvector(__builtin_convertvector(a, v8i), v8f);
-        const v8i take = (v8i)(hash_noise(counter_hash8(i, k0, k1)) < a - f);  // −1 or 0
-        v8f l = f - __builtin_convertvector(take, v8f);  // f + 1 where taken: the same bits
-        l = sv < l ? sv : l;
-        const v8i q = __builtin_convertvector(l, v8i);
-        const v8i r = v > zero ? q : (v < zero ? -q : v8i{});
-        for (int k = 0; k < 8; ++k) out[i + k] = static_cast<O>(r[k]);
-      }
-      for (; i < end; ++i) one(i);
+  parallel_group_runs(n, off, groups, threads, [&](int64_t g, int64_t i, int64_t end) {
+    const float iv = inv[g];
+    const float bd = bound ? bound[g] : std::numeric_limits<float>::infinity();
+    auto one = [&](int64_t j) {
+      float a = std::fabs(x[j]);
+      a = bd < a ? bd : a;
+      a = a * iv;
+      const float f = static_cast<float>(static_cast<int32_t>(a));
+      float l = f + (hash_noise(counter_hash(j, k0, k1)) < a - f ? 1.0f : 0.0f);
+      l = s < l ? s : l;
+      const int32_t q = static_cast<int32_t>(l);
+      out[j] = static_cast<O>(x[j] > 0 ? q : (x[j] < 0 ? -q : 0));
+    };
+    for (; i < end && (i & 7); ++i) one(i);
+    const v8f bdv = bd - v8f{}, ivv = iv - v8f{}, sv = s - v8f{}, zero = v8f{};
+    for (; i + 8 <= end; i += 8) {  // i % 8 == 0: counter_hash8's lanes
+      const v8f v = load8(x + i);
+      v8f a = vabs8(v);
+      a = bdv < a ? bdv : a;
+      a = a * ivv;
+      const v8f f = __builtin_convertvector(__builtin_convertvector(a, v8i), v8f);
+      const v8i take = (v8i)(hash_noise(counter_hash8(i, k0, k1)) < a - f);  // −1 or 0
+      v8f l = f - __builtin_convertvector(take, v8f);  // f + 1 where taken: the same bits
+      l = sv < l ? sv : l;
+      const v8i q = __builtin_convertvector(l, v8i);
+      const v8i r = v > zero ? q : (v < zero ? -q : v8i{});
+      for (int k = 0; k < 8; ++k) out[i + k] = static_cast<O>(r[k]);
     }
+    for (; i < end; ++i) one(i);
   });
 }
 
