@@ -40,7 +40,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 7
+ABI_VERSION = 8
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -174,6 +174,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_pool_begin_f32.restype = _P
     lib.gc_add_signs.argtypes = [_P, ctypes.c_int, _P, _C_INT64, _P, _C_INT64, _P, ctypes.c_int]
     lib.gc_add_signs.restype = None
+    lib.gc_add_levels.argtypes = [_P, _P, ctypes.c_int, _C_INT64, _P, _C_INT64, _P,
+                                  ctypes.c_int]
+    lib.gc_add_levels.restype = None
     lib.gc_release_scratch.argtypes = []
     lib.gc_release_scratch.restype = None
     lib.gc_abi_version.restype = ctypes.c_int
@@ -434,6 +437,12 @@ def pack_signs(x: torch.Tensor) -> torch.Tensor:
 _SIGN_TOTALS = {torch.float32: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3}
 
 
+def supports_signs(total: torch.Tensor) -> bool:
+    """Whether add_signs_ takes this total (one rank's signs are added into it)."""
+    return (total.dtype in _SIGN_TOTALS and total.device.type == "cpu"
+            and total.is_contiguous() and available())
+
+
 def add_signs_(total: torch.Tensor, packed: torch.Tensor, offsets: torch.Tensor,
                weights: torch.Tensor) -> torch.Tensor:
     """In place, for i in group g (`offsets`: int64 group starts and the end): total[i] +=
@@ -451,6 +460,35 @@ def add_signs_(total: torch.Tensor, packed: torch.Tensor, offsets: torch.Tensor,
     load().gc_add_signs(total.data_ptr(), _SIGN_TOTALS[total.dtype], packed.data_ptr(), n,
                         offsets.data_ptr(), offsets.numel() - 1, weights.data_ptr(),
                         _threads(n))
+    return total
+
+
+_LEVEL_TYPES = {torch.int8: 1, torch.int16: 2, torch.int32: 3}
+
+
+def supports_levels(total: torch.Tensor, levels: torch.Tensor) -> bool:
+    """Whether add_levels_ takes this float32 total and these levels (one rank's payload)."""
+    return (total.dtype == torch.float32 and levels.dtype in _LEVEL_TYPES
+            and total.device.type == "cpu" and levels.device.type == "cpu"
+            and total.is_contiguous() and available())
+
+
+def add_levels_(total: torch.Tensor, levels: torch.Tensor, offsets: torch.Tensor,
+                weights: torch.Tensor) -> torch.Tensor:
+    """In place, for i in group g (`offsets`: int64 group starts and the end): total[i] +=
+    float(levels[i]) · weights[g]. CPU, total contiguous float32, levels int8/int16/int32
+    of total's size, weights float32 (compressors/quantize.py add_levels_: the torch
+    form, the same bits)."""
+    if not supports_levels(total, levels) or weights.dtype != torch.float32 \
+            or levels.numel() != total.numel():
+        raise TypeError(f"add_levels_() takes a contiguous CPU float32 total, int8/int16/int32 "
+                        f"levels of its size and float32 weights; got {total.dtype} "
+                        f"({total.numel()}), {levels.dtype} ({levels.numel()}), {weights.dtype}")
+    n = total.numel()
+    levels, weights, offsets = levels.contiguous(), weights.contiguous(), offsets.contiguous()
+    load().gc_add_levels(total.data_ptr(), levels.data_ptr(), _LEVEL_TYPES[levels.dtype], n,
+                         offsets.data_ptr(), offsets.numel() - 1, weights.data_ptr(),
+                         _threads(n))
     return total
 
 

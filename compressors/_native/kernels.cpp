@@ -976,6 +976,20 @@ void add_signs(T* total, const uint8_t* packed, int64_t n, const int64_t* off, i
   });
 }
 
+// QSGD's and TernGrad's decode of one rank's signed levels (compressors/quantize.py
+// add_levels_): total[i] += float(level[i]) · w[g] for i in group g, float32 total. The
+// torch form converts the levels to float32, multiplies by w[g] and adds: two roundings,
+// which this loop keeps (no contraction into an FMA: -ffp-contract=off), so the same bits
+// without the converted full-size tensor.
+template <typename L>
+void add_levels(float* total, const L* level, int64_t n, const int64_t* off, int64_t groups,
+                const float* w, int threads) {
+  parallel_group_runs(n, off, groups, threads, [&](int64_t g, int64_t i, int64_t end) {
+    const float wg = w[g];
+    for (; i < end; ++i) total[i] += static_cast<float>(level[i]) * wg;
+  });
+}
+
 template <typename T>
 void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out) {
   auto* sel = static_cast<Selection<T>*>(handle);
@@ -1003,7 +1017,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 7; }
+int gc_abi_version() { return 8; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1019,6 +1033,18 @@ void gc_add_signs(void* total, int type, const uint8_t* packed, int64_t n, const
                       static_cast<const int32_t*>(w), threads); break;
     default: add_signs(static_cast<float*>(total), packed, n, off, groups,
                        static_cast<const float*>(w), threads);
+  }
+}
+
+// add_levels of levels of type 1: int8, 2: int16, 3: int32 into a float32 total.
+void gc_add_levels(float* total, const void* level, int type, int64_t n, const int64_t* off,
+                   int64_t groups, const float* w, int threads) {
+  switch (type) {
+    case 2: add_levels(total, static_cast<const int16_t*>(level), n, off, groups, w, threads);
+      break;
+    case 3: add_levels(total, static_cast<const int32_t*>(level), n, off, groups, w, threads);
+      break;
+    default: add_levels(total, static_cast<const int8_t*>(level), n, off, groups, w, threads);
   }
 }
 
