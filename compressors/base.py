@@ -15,7 +15,7 @@ import abc
 import enum
 import inspect
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -93,13 +93,19 @@ class Context:
     # compressors._native.NonFinite on a NaN or an Inf, before it changes any state.
     check_finite: bool = False
     # Where the caller wants the aggregate (Session.exchange's `out`: flat, acc's numel,
-    # dtype and device, never overlapping acc), or None. Protocols decode into it through
-    # aggregate_buffer; nothing else may write it.
+    # dtype and device), or None. Protocols decode into it through destination and
+    # aggregate_buffer; nothing else may write it. Without error feedback it is usually
+    # acc's own memory (the DDP hook passes the gradient, which the aggregate replaces):
+    # so a protocol asks for it only once it has read acc for the last time, and keeps
+    # nothing that aliases acc in its Sent.
     out: torch.Tensor | None = None
+    # True when `out` shares memory with acc (see above).
+    out_is_acc: bool = False
 
     def destination(self, numel: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor | None:
-        """The caller's `out` when it has this numel, dtype and device, else None."""
+        """The caller's `out` when it has this numel, dtype and device, else None. Ask only
+        after the last read of acc: it may be acc's own memory (out_is_acc)."""
         out = self.out
         if (out is not None and out.numel() == numel and out.dtype == dtype
                 and out.device == torch.device(device)):
@@ -111,7 +117,7 @@ class Context:
         """A flat tensor to decode the aggregate into, zeroed unless `zero=False` (for
         a decoder that writes every element itself): the caller's `out` when it fits (a
         DDP gradient: no full-size buffer is allocated per step, and none is copied
-        back), else a new one."""
+        back), else a new one. Like destination, only after the last read of acc."""
         out = self.destination(numel, dtype, device)
         if out is not None:
             return out.zero_() if zero else out
@@ -153,6 +159,47 @@ class SparseSent(Sent):
         out = torch.zeros(numel, dtype=self.values.dtype, device=self.values.device)
         out.index_add_(0, self.indices, self.values)
         return out
+
+
+class Overwritten(Sent):
+    """The contribution of a protocol whose aggregate was written over acc itself (no
+    error feedback, and the caller gave acc's memory up for the aggregate: Session's
+    `writable`, or `out` that is the gradient), where no copy was kept for it: nothing
+    to subtract or show. Error feedback never gets here (acc is then its own buffer,
+    which the caller's out never is)."""
+
+    def _refuse(self):
+        raise RuntimeError(
+            "this worker's contribution was not kept: the aggregate was written over the "
+            "gradient it came from (no error feedback, out= or writable= given to "
+            "Session.exchange); call exchange without them to keep it")
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        self._refuse()
+
+    def dense(self, numel: int) -> torch.Tensor:
+        self._refuse()
+
+
+@dataclass
+class DecodedSent(Sent):
+    """This worker's contribution, decoded only when error feedback (or a caller of
+    dense) asks for it, once: from the worker's own payload, or from acc where acc is not
+    written before the feedback has read it (never when Context.out_is_acc)."""
+
+    decode: Callable[[], torch.Tensor]
+    _tensor: torch.Tensor | None = field(default=None, repr=False)
+
+    def tensor(self) -> torch.Tensor:
+        if self._tensor is None:
+            self._tensor = self.decode()
+        return self._tensor
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        buffer.sub_(self.tensor().to(buffer.dtype))
+
+    def dense(self, numel: int) -> torch.Tensor:
+        return self.tensor()
 
 
 @dataclass
@@ -331,6 +378,21 @@ class Sparsifier(Compressor):
             union=union,
             extra=extra,
         )
+
+
+def dense_allreduce(acc: torch.Tensor, ctx: Context):
+    """The uncompressed exchange (`none`, PowerSGD's warm-up): (the mean of acc over
+    ranks, this worker's Sent). Reduced in acc's own memory where the caller gave it up
+    (ctx.acc_writable, or `out` that is acc itself: no error feedback), as DDP's own
+    allreduce does, with nothing copied; else in the caller's `out`, or a copy."""
+    out = ctx.destination(acc.numel(), acc.dtype, acc.device)
+    if ctx.acc_writable or (out is not None and out.data_ptr() == acc.data_ptr()):
+        buf, sent = acc, Overwritten()
+    else:
+        sent = DenseSent(acc.clone())  # acc may be a feedback buffer updated later
+        buf = acc.clone() if out is None or ctx.out_is_acc else out.copy_(acc)
+    total = yield from allreduce_mean(buf, ctx.world_size)
+    return total, sent
 
 
 def allreduce_mean(tensor: torch.Tensor, world_size: int) -> Protocol:

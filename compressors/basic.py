@@ -7,14 +7,17 @@ import torch
 from compressors.base import (
     Compressor,
     Context,
-    DenseSent,
+    DecodedSent,
     Outcome,
+    Overwritten,
     Pattern,
     Protocol,
+    Sent,
     Sparsifier,
     SparseSent,
     allreduce_mean,
     check_ratio,
+    dense_allreduce,
     index_dtype,
     target_k,
 )
@@ -31,14 +34,7 @@ class NoCompression(Compressor):
     exact = True
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
-        if ctx.acc_writable:
-            # Only possible without error feedback: the bucket buffer is reduced in place
-            # and nothing reads `sent` afterwards.
-            buf, sent = acc, DenseSent(acc)
-        else:
-            sent = DenseSent(acc.clone())  # acc may be a feedback buffer updated later
-            buf = acc.clone()
-        total = yield from allreduce_mean(buf, ctx.world_size)
+        total, sent = yield from dense_allreduce(acc, ctx)
         return Outcome(aggregate=total, sent=sent)
 
     def sent_elements(self, numel: int) -> int:
@@ -63,11 +59,18 @@ class HalfPrecision(Compressor):
         half = acc.to(wire_dtype)
         if half is acc:  # already 16-bit: do not modify the caller's tensor
             half = acc.clone()
-        sent = DenseSent(half.to(acc.dtype))
+        if ctx.out_is_acc:  # acc is about to hold the aggregate, and no feedback reads it
+            sent: Sent = Overwritten()
+        else:
+            # acc itself stays as it is until error feedback (the only reader) has asked
+            # for the contribution: decoded then, without a full-size copy per step.
+            sent = DecodedSent(lambda: acc.to(wire_dtype).to(acc.dtype))
         if ctx.world_size > 1:
             half.div_(ctx.world_size)
         total = yield AllReduce(half)
-        return Outcome(aggregate=total.to(acc.dtype), sent=sent)
+        out = ctx.destination(acc.numel(), acc.dtype, acc.device)
+        aggregate = total.to(acc.dtype) if out is None else out.copy_(total)
+        return Outcome(aggregate=aggregate, sent=sent)
 
     def sent_elements(self, numel: int) -> int:
         return numel

@@ -33,13 +33,12 @@ import torch
 from compressors.base import (
     Compressor,
     Context,
-    DenseSent,
     Outcome,
     Pattern,
     Protocol,
     Segment,
     Sent,
-    allreduce_mean,
+    dense_allreduce,
 )
 from compressors.requests import AllReduce
 from compressors.registry import register
@@ -304,13 +303,7 @@ class PowerSGD(Compressor):
         plan = self._plan(flat, ctx)
         world = ctx.world_size
         if ctx.step < self.start_iter or not plan.groups:
-            if ctx.acc_writable:
-                # Only without error feedback: nothing reads `sent` after the allreduce.
-                buf, sent = acc, DenseSent(acc)
-            else:
-                # acc may be the feedback buffer, which the update then empties.
-                buf, sent = acc.clone(), DenseSent(acc.clone())
-            total = yield from allreduce_mean(buf, world)
+            total, sent = yield from dense_allreduce(acc, ctx)
             return Outcome(aggregate=total, sent=sent, extra={"compressed_numel": 0})
 
         work = torch.float32 if acc.dtype in (torch.float16, torch.bfloat16) else acc.dtype
@@ -339,7 +332,9 @@ class PowerSGD(Compressor):
         q = yield AllReduce(q)
         q.div_(world)
 
-        aggregate = torch.empty_like(flat)
+        # The groups and the uncompressed tensors tile the gradient: every element is
+        # written below. flat (acc) is not read after the rounds above.
+        aggregate = ctx.aggregate_buffer(flat.numel(), flat.dtype, flat.device, zero=False)
         for group in plan.groups:
             group.write(aggregate, group.p(p), group.q(q))
         if plan.uncompressed is not None:

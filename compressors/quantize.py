@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from compressors.base import (
     Compressor,
     Context,
+    DecodedSent,
     Outcome,
     Pattern,
     Protocol,
@@ -84,11 +84,21 @@ def add_signs_(total: torch.Tensor, packed: torch.Tensor, groups: Groups,
     """total += unpack_signs(packed) · weights[group], in place (one rank's decoded signs:
     SignSGD's votes, EF-SignSGD's scaled signs). On the CPU one native pass with the same
     bits (±1·w is exactly ±w), without the unpacked full-size tensor."""
-    if (_native.available() and total.device.type == "cpu" and total.is_contiguous()
-            and total.dtype in _native._SIGN_TOTALS):
+    if _native.supports_signs(total):
         return _native.add_signs_(total, packed, groups.offsets, weights.to(total.dtype))
     return total.add_(groups.scale_(unpack_signs(packed, total.numel(), total.dtype),
                                     weights.to(total.dtype)))
+
+
+def add_levels_(total: torch.Tensor, levels: torch.Tensor, groups: Groups,
+                weights: torch.Tensor) -> torch.Tensor:
+    """total += float32(levels) · weights[group], in place (one rank's decoded QSGD or
+    TernGrad levels into a float32 total). On the CPU one native pass with the same bits
+    (the product rounded, then the sum), without the converted full-size tensor."""
+    weights = weights.to(torch.float32)
+    if _native.supports_levels(total, levels):
+        return _native.add_levels_(total, levels, groups.offsets, weights)
+    return total.add_(groups.scale_(levels.to(torch.float32), weights))
 
 
 def level_dtype(max_abs: int, summed: bool = False) -> torch.dtype:
@@ -191,6 +201,22 @@ class Groups:
             return torch.cat(parts)
         return torch.segment_reduce(x, op, lengths=self.lengths)
 
+    def norm(self, x: torch.Tensor, order: int, dtype: torch.dtype) -> torch.Tensor:
+        """Per-group ‖x‖₁ or ‖x‖₂ (`order` 1 or 2) in `dtype`, shape (count,): the
+        reduction kernel reads x once, with no |x| or x² tensor, for one group and for
+        equal widths; ragged groups reduce a full-size |x| or x² by segment_reduce."""
+        if self.count == 1:
+            return torch.linalg.vector_norm(x, order, dtype=dtype).reshape(1)
+        if self.width is not None:
+            head, tail = self._split(x)
+            parts = [torch.linalg.vector_norm(head, order, dim=1, dtype=dtype)]
+            if tail.numel():
+                parts.append(torch.linalg.vector_norm(tail, order, dtype=dtype).reshape(1))
+            return torch.cat(parts)
+        x = x.to(dtype)
+        total = self.reduce(x.abs() if order == 1 else x * x, "sum")
+        return total if order == 1 else total.sqrt_()
+
     def abs_max(self, x: torch.Tensor) -> torch.Tensor:
         """Per-group max |x|, shape (count,): reduce(x.abs(), "max"), the same values. One
         group (a layer-wise tensor) takes torch.aminmax, with no |x| tensor (26M float32:
@@ -263,26 +289,6 @@ def stochastic_levels(x: torch.Tensor, groups: Groups, inv: torch.Tensor,
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """Statistics of 16-bit inputs are computed in float32."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-@dataclass
-class DecodedSent(Sent):
-    """This worker's contribution, decoded from its own payload only when error feedback
-    asks for it (the default feedback of SignSGD, QSGD and TernGrad is none)."""
-
-    decode: Callable[[], torch.Tensor]
-    _tensor: torch.Tensor | None = field(default=None, repr=False)
-
-    def tensor(self) -> torch.Tensor:
-        if self._tensor is None:
-            self._tensor = self.decode()
-        return self._tensor
-
-    def subtract_from(self, buffer: torch.Tensor) -> None:
-        buffer.sub_(self.tensor().to(buffer.dtype))
-
-    def dense(self, numel: int) -> torch.Tensor:
-        return self.tensor()
 
 
 # ---------------------------------------------------------------------------------------
@@ -366,7 +372,7 @@ class EFSignSGD(Compressor):
         numel = acc.numel()
         work = _work_dtype(acc.dtype)
         groups = _groups(ctx, acc)
-        scales = (groups.reduce(acc.abs().to(work), "sum") / groups.sizes.to(work)).float()
+        scales = (groups.norm(acc, 1, work) / groups.sizes.to(work)).float()
         packed = pack_signs(acc)
         all_signs, all_scales = yield (AllGather(packed), AllGather(scales))
 
@@ -374,14 +380,51 @@ class EFSignSGD(Compressor):
         for signs, scale in zip(all_signs, all_scales):
             add_signs_(total, signs, groups, scale)
         aggregate = total.div_(ctx.world_size).to(acc.dtype)
-
-        def decode() -> torch.Tensor:
-            return groups.scale_(unpack_signs(packed, numel, torch.float32), scales).to(acc.dtype)
-
-        return Outcome(aggregate=aggregate, sent=DecodedSent(decode))
+        return Outcome(aggregate=aggregate, sent=ScaledSignSent(packed, groups, scales, acc.dtype))
 
     def sent_elements(self, numel: int) -> int:
         return numel
+
+
+@dataclass
+class ScaledSignSent(Sent):
+    """EF-SignSGD's contribution scale[group]·sign(acc): error feedback subtracts it
+    straight from the packed bytes (add_signs_ with −scale: a − s·w and a + (−s)·w are
+    the same float), with no decoded full-size tensor."""
+
+    packed: torch.Tensor
+    groups: Groups
+    scales: torch.Tensor
+    dtype: torch.dtype
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        add_signs_(buffer, self.packed, self.groups, self.scales.neg())
+
+    def dense(self, numel: int) -> torch.Tensor:
+        signs = unpack_signs(self.packed, numel, torch.float32)
+        return self.groups.scale_(signs, self.scales).to(self.dtype)
+
+
+@dataclass
+class LevelsSent(Sent):
+    """QSGD's and TernGrad's contribution weight[group]·level: error feedback subtracts
+    it straight from the levels (add_levels_ with −weight: the same floats), with no
+    decoded full-size tensor."""
+
+    levels: torch.Tensor
+    groups: Groups
+    weights: torch.Tensor
+    dtype: torch.dtype
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        if buffer.dtype == torch.float32:
+            add_levels_(buffer, self.levels, self.groups, self.weights.neg())
+        else:
+            buffer.sub_(self.dense(buffer.numel()).to(buffer.dtype))
+
+    def dense(self, numel: int) -> torch.Tensor:
+        decoded = self.levels.to(torch.float32)
+        return self.groups.scale_(decoded, self.weights.to(torch.float32)).to(self.dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -421,7 +464,7 @@ class QSGD(Compressor):
         work = _work_dtype(acc.dtype)
         x = acc.to(work)
         groups = _groups(ctx, acc, self.bucket_size)
-        norms = groups.reduce(x * x, "sum").sqrt_()
+        norms = groups.norm(x, 2, work)
         # s/‖v‖ per bucket; an all-zero bucket quantizes to zeros instead of 0/0.
         inv = torch.where(norms > 0, self.levels / norms.clamp_min(torch.finfo(work).tiny), 0.0)
         # s·|v_i|/‖v‖ ∈ [0, s], rounded stochastically to an integer level, signed
@@ -432,14 +475,10 @@ class QSGD(Compressor):
 
         total = ctx.aggregate_buffer(numel, torch.float32, acc.device)
         for levels, norm in zip(all_levels, all_norms):
-            levels = from_bytes(levels, wire.dtype).to(torch.float32)
-            total.add_(groups.scale_(levels, norm / self.levels))
+            add_levels_(total, from_bytes(levels, wire.dtype), groups, norm / self.levels)
         aggregate = total.div_(ctx.world_size).to(acc.dtype)
-
-        def decode() -> torch.Tensor:
-            return groups.scale_(wire.to(torch.float32), norms / self.levels).to(acc.dtype)
-
-        return Outcome(aggregate=aggregate, sent=DecodedSent(decode))
+        sent = LevelsSent(wire, groups, norms / self.levels, acc.dtype)
+        return Outcome(aggregate=aggregate, sent=sent)
 
     def sent_elements(self, numel: int) -> int:
         return numel
@@ -495,7 +534,7 @@ class TernGrad(Compressor):
         groups = _groups(ctx, acc)
         bound = None  # per tensor: |g| is clipped to cσ
         if self.clip is not None:
-            rms = (groups.reduce(x * x, "sum") / groups.sizes.to(work)).sqrt_()
+            rms = groups.norm(x, 2, work) / groups.sizes.to(work).sqrt()
             bound = rms * self.clip
         # The scaler max_i min(|g_i|, cσ) is min(max_i |g_i|, cσ): no clipped copy of g.
         scaler = groups.abs_max(x)
@@ -513,19 +552,16 @@ class TernGrad(Compressor):
 
         if self.scaler_sharing:
             wire = ternary.to(level_dtype(ctx.world_size, summed=True), copy=True)
-            total = (yield AllReduce(wire)).to(torch.float32)
-            aggregate = groups.scale_(total, scaler / ctx.world_size).to(acc.dtype)
+            summed = yield AllReduce(wire)
+            total = ctx.aggregate_buffer(numel, torch.float32, acc.device, zero=False)
+            aggregate = groups.scale_(total.copy_(summed), scaler / ctx.world_size).to(acc.dtype)
         else:
             all_ternary, all_scalers = yield (AllGather(ternary), AllGather(scaler))
             total = ctx.aggregate_buffer(numel, torch.float32, acc.device)
             for tern, s in zip(all_ternary, all_scalers):
-                total.add_(groups.scale_(tern.to(torch.float32), s))
+                add_levels_(total, tern, groups, s)
             aggregate = total.div_(ctx.world_size).to(acc.dtype)
-
-        def decode() -> torch.Tensor:
-            return groups.scale_(ternary.to(torch.float32), scaler).to(acc.dtype)
-
-        return Outcome(aggregate=aggregate, sent=DecodedSent(decode))
+        return Outcome(aggregate=aggregate, sent=LevelsSent(ternary, groups, scaler, acc.dtype))
 
     def sent_elements(self, numel: int) -> int:
         return numel

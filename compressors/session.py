@@ -158,9 +158,10 @@ class Session:
         `out`: a contiguous tensor of grad's size, dtype and device where the caller will
         put the aggregate (the gradient itself, in a DDP hook). Compressors that decode into
         a dense buffer then write the aggregate there (Outcome.aggregate is `out` viewed
-        flat) instead of allocating one per step; the others leave it alone. It is used
-        only when it does not overlap the tensor being compressed (no error feedback:
-        that is `grad`), which must stay readable until the decode."""
+        flat) instead of allocating one per step; the others leave it alone. Without
+        error feedback the tensor being compressed is `grad` itself, so `out` may be its
+        memory: protocols write it only after their last read of it (Context.out), and
+        a dense allreduce (`none`) then reduces it in place."""
         # The NaN/Inf check is one read of the gradient. Where nothing is written before
         # the compressor runs (no error feedback) and the compressor finds non-finite
         # values in its own first read of acc, that read does it (ctx.check_finite);
@@ -199,7 +200,8 @@ class Session:
             acc_writable=writable and acc is flat and flat.data_ptr() == grad.data_ptr(),
             measure=self.measure,
             check_finite=folded,
-            out=None if out_flat is None or overlaps(out_flat, acc) else out_flat,
+            out=out_flat,
+            out_is_acc=out_flat is not None and overlaps(out_flat, acc),
         )
         # The compressor may draw from the worker's stream before its first full read:
         # on a NaN/Inf the stream is put back, so a skipped step changes nothing.

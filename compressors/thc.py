@@ -47,7 +47,16 @@ import torch
 
 from compressors import _native
 from compressors._native import thc_native
-from compressors.base import Compressor, Context, DenseSent, Outcome, Pattern, Protocol
+from compressors.base import (
+    Compressor,
+    Context,
+    DecodedSent,
+    DenseSent,
+    Outcome,
+    Pattern,
+    Protocol,
+    Sent,
+)
 from compressors.counter_stream import counter_hash, draw_seed, seed_words
 from compressors.registry import register
 from compressors.requests import AllGather, AllReduce, Broadcast
@@ -350,12 +359,15 @@ class RotatedGrid:
         chunk_size: int = 0,
         zero_chunks: torch.Tensor | None = None,
         out: torch.Tensor | None = None,
+        transient: bool = False,
     ) -> torch.Tensor:
         """(Σ of `count` workers' table values)/divisor back to the real line (float32,
         original length): the single decompression. `count` may be per chunk of
         `chunk_size`; `zero_chunks` marks chunks whose aggregate was lost (set to 0).
         `out` (float32, original length): where the fused native path writes the result
-        (Context.destination); the other paths return a tensor of their own."""
+        (Context.destination); the other paths return a tensor of their own.
+        `transient=True`: the fused native path may return a view of its per-thread
+        scratch buffer, to be read before the thread's next THC call (no padded buffer)."""
         # grid value y ∈ [0, g] ↦ rotated coordinate y·2t_p/g − t_p ↦ ×ℓ/√d' ↦ H·(·)/√d'
         # (the orthonormal inverse): with the unnormalised transform, the factor is ℓ/d'.
         unit = self.max_norm / self.padded
@@ -367,6 +379,9 @@ class RotatedGrid:
                 and thc_native.available()):
             # The affine map inside the FWHT's first pass, the signs inside its last: the
             # same float32 operations as _affine, fwht_ and the sign flip below.
+            if transient and out is None:
+                return thc_native.decode_in_scratch(value_sum, self.numel, scale / divisor,
+                                                    offset * count / divisor, self.seed)
             return thc_native.decode(value_sum, self.numel, scale / divisor,
                                      offset * count / divisor, self.seed, out=out)
         out = _affine(value_sum, scale, offset, count, divisor, chunk_size)
@@ -381,6 +396,23 @@ class RotatedGrid:
         return head
 
 
+@dataclass
+class RotatedSent(Sent):
+    """THC's own contribution RHT⁻¹(X_i) (Algorithm 3 line 22), decoded from this worker's
+    table values when asked: error feedback subtracts it straight from the fused native
+    decode's per-thread scratch, with no padded buffer per step."""
+
+    grid: RotatedGrid
+    values: torch.Tensor  # T[Z_i], padded
+    dtype: torch.dtype
+
+    def subtract_from(self, buffer: torch.Tensor) -> None:
+        buffer.sub_(self.grid.decode(self.values, 1, 1, transient=True).to(buffer.dtype))
+
+    def dense(self, numel: int) -> torch.Tensor:
+        return self.grid.decode(self.values, 1, 1).to(self.dtype)
+
+
 def _affine(
     total: torch.Tensor,
     scale: float,
@@ -388,11 +420,17 @@ def _affine(
     count: float | torch.Tensor,
     divisor: float,
     chunk_size: int = 0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(scale·Σ_i y_i + count·offset)/divisor in float32: the mean of `divisor` workers'
     decompressed values y·scale + offset, `count` of whom contributed (the others a zero
-    gradient). `count` may be a tensor with one entry per chunk of `chunk_size`."""
-    out = total.to(torch.float32, copy=True).mul_(scale / divisor)
+    gradient). `count` may be a tensor with one entry per chunk of `chunk_size`. `out`:
+    a float32 tensor of total's size to write it into (else a new one)."""
+    if out is None or out.numel() != total.numel():
+        out = total.to(torch.float32, copy=True)
+    else:
+        out = out.view(total.shape).copy_(total)
+    out.mul_(scale / divisor)
     if isinstance(count, torch.Tensor):
         _per_chunk(out, chunk_size, count.to(out.dtype).mul_(offset / divisor), "add")
     else:
@@ -648,14 +686,14 @@ class UniformTHC(_IntegerSum):
         levels = uniform_encode(x, lo, hi, self.bits, ctx.generator)
         got = yield from self._aggregate(levels, levels.to(dtype), None, dtype, ctx)
         step = (hi - lo) / (2**self.bits - 1)
-        mean = _affine(got.total, step, lo, got.count, got.divisor, self.chunk_size)
+        mean = _affine(got.total, step, lo, got.count, got.divisor, self.chunk_size,
+                       out=ctx.destination(acc.numel(), torch.float32, acc.device))
         if got.lost_down is not None:
             _per_chunk(mean, self.chunk_size, (~got.lost_down).to(mean.dtype), "mul")
-        sent = _affine(levels, step, lo, 1, 1)
+        # levels (uint8) outlive the exchange: the contribution is decoded only if asked
+        sent = DecodedSent(lambda: _affine(levels, step, lo, 1, 1).to(acc.dtype))
         extra = self._extra(got, dtype, acc.numel())
-        return Outcome(
-            aggregate=mean.to(acc.dtype), sent=DenseSent(sent.to(acc.dtype)), extra=extra
-        )
+        return Outcome(aggregate=mean.to(acc.dtype), sent=sent, extra=extra)
 
     def sent_elements(self, numel: int) -> int:
         return numel
@@ -771,14 +809,12 @@ class THC(_IntegerSum):
         got = yield from self._aggregate(indices, mine, table_int, dtype, ctx)
         aggregate = grid.decode(got.total, got.count, got.divisor, self.chunk_size, got.lost_down,
                                 out=ctx.destination(numel, torch.float32, acc.device))
-        sent = grid.decode(mine, 1, 1)  # RHT⁻¹(X_i): what error feedback subtracts (line 22)
         extra = self._extra(got, dtype, padded)
         extra.update(d_padded=padded, max_norm=max_norm)
         if clamped is not None:
             extra["clamped"] = clamped / padded
-        return Outcome(
-            aggregate=aggregate.to(acc.dtype), sent=DenseSent(sent.to(acc.dtype)), extra=extra
-        )
+        return Outcome(aggregate=aggregate.to(acc.dtype),
+                       sent=RotatedSent(grid, mine, acc.dtype), extra=extra)
 
     def sent_elements(self, numel: int) -> int:
         return next_power_of_two(numel)

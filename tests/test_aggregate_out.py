@@ -15,13 +15,13 @@ NAMES = compressors.list_compressors()
 WORKERS = 2
 NUMEL = 4096
 # Decoders that start from a zero dense tensor (a scatter of sparse pairs, or a sum of
-# decoded payloads in the input's dtype). The others (dense allreduce, FP16, PowerSGD,
-# TernGrad's shared-scaler allreduce, uniform THC) return a tensor they already have
-# and leave `out` alone; SignSGD casts its integer vote into `out`.
+# decoded payloads in the input's dtype), the dense allreduce (reduced in `out`), FP16 and
+# TernGrad's shared-scaler allreduce (their sums cast into `out`) and SignSGD (its integer
+# vote cast into `out`). The others return a tensor they already have and leave `out` alone.
 DECODES_INTO_OUT = {
-    "cltk", "deft", "dgc", "dragonn", "efsignsgd", "gaussianksgd", "hard_threshold",
-    "mstopk", "qsgd", "randomk", "redsync", "signsgd", "sidco_e", "sidco_gp", "sidco_p",
-    "topk",
+    "cltk", "deft", "dgc", "dragonn", "efsignsgd", "fp16", "gaussianksgd", "hard_threshold",
+    "mstopk", "none", "qsgd", "randomk", "redsync", "signsgd", "sidco_e", "sidco_gp",
+    "sidco_p", "terngrad", "thc_uniform", "topk", "powersgd",
 }
 # THC's fused native decode (CPU float32) also writes into `out`.
 if compressors._native.available():
@@ -85,17 +85,40 @@ def test_out_gives_the_same_aggregate_and_feedback(name):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("name", sorted(DECODES_INTO_OUT))
-def test_out_that_is_the_compressed_tensor_is_not_used(name):
-    """Without error feedback the compressed tensor is the gradient itself: decoding into
-    it would overwrite what the protocol still reads, so a fresh tensor is used."""
+@pytest.mark.parametrize("name", NAMES)
+def test_out_that_is_the_compressed_tensor_itself(name):
+    """Without error feedback the compressed tensor is the gradient itself, and the DDP
+    hook passes it as `out`: a protocol writes `out` only after its last read of the
+    gradient, so the aggregate equals the one decoded without `out`; the decoders listed
+    write it into the gradient's own memory (the dense allreduce reduces it in place),
+    the others leave the gradient as it was."""
     _, ref = _run(name, "none", None)
     _, got = _run(name, "none", "grad")
     for (ref_outcomes, *_), (outcomes, _, grads, originals) in zip(ref, got):
         for r in range(WORKERS):
             assert torch.equal(outcomes[r].aggregate, ref_outcomes[r].aggregate)
-            assert outcomes[r].aggregate.data_ptr() != grads[r].data_ptr()
-            assert torch.equal(grads[r], originals[r])
+            if name in DECODES_INTO_OUT:
+                assert outcomes[r].aggregate.data_ptr() == grads[r].data_ptr()
+                assert torch.equal(grads[r], ref_outcomes[r].aggregate)
+            else:
+                assert torch.equal(grads[r], originals[r])
+
+
+@pytest.mark.parametrize("name", ["none", "fp16"])
+def test_a_contribution_overwritten_in_place_is_refused_not_faked(name):
+    """A dense protocol that wrote the aggregate over the gradient kept no copy of what it
+    sent: asking for it fails with the fix, instead of returning the aggregate."""
+    _, got = _run(name, "none", "grad", steps=1)
+    outcome = got[0][0][0]
+    with pytest.raises(RuntimeError, match="without them to keep it"):
+        outcome.sent.dense(NUMEL)
+    _, kept = _run(name, "none", None, steps=1)
+    originals = kept[0][3]
+    sent = kept[0][0][0].sent.dense(NUMEL)
+    if name == "none":
+        assert torch.equal(sent, originals[0])
+    else:
+        assert torch.equal(sent, originals[0].half().float())
 
 
 @pytest.mark.parametrize("bad, what", [

@@ -459,3 +459,67 @@ def test_add_signs_native_equals_torch(monkeypatch, lengths, dtype, threads):
     reference = add_signs_(start.clone(), packed, groups, weights)
     assert torch.equal(native, reference)
     assert not torch.equal(native, start)
+
+
+@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.parametrize("lengths", [[1000], [13, 1, 2 * 2**17 + 37, 200], [128, 128, 5]])
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_add_levels_native_equals_torch(monkeypatch, lengths, dtype, threads):
+    """One rank's levels added natively (no converted float32 tensor) give the torch
+    form's bits (the product rounded, then the sum: no FMA): ragged groups, a zero
+    weight, negative weights (error feedback's subtraction), every level type."""
+    from compressors import _native
+    from compressors.quantize import Groups, add_levels_
+
+    groups = Groups(lengths, torch.device("cpu"))
+    n = sum(lengths)
+    g = torch.Generator().manual_seed(n + dtype.itemsize)
+    top = {torch.int8: 127, torch.int16: 30_000, torch.int32: 2**24}[dtype]
+    levels = torch.randint(-top, top + 1, (n,), generator=g).to(dtype)
+    weights = (torch.rand(len(lengths), generator=g) - 0.5) * 1e-3
+    if len(lengths) > 1:
+        weights[-1] = 0
+    start = torch.randn(n, generator=g)
+    native = with_threads(threads, lambda: add_levels_(start.clone(), levels, groups, weights))
+    monkeypatch.setattr(_native, "available", lambda: False)
+    reference = add_levels_(start.clone(), levels, groups, weights)
+    assert torch.equal(native, reference)
+    assert not torch.equal(native, start)
+
+
+@pytest.mark.parametrize("lengths", [[1000], [128, 128, 5], [13, 1, 200]])
+@pytest.mark.parametrize("order", [1, 2])
+def test_group_norm_is_the_norm_of_each_group(lengths, order):
+    """Groups.norm (the reduction kernel, no |x| or x² tensor for one group and equal
+    widths) gives each group's ‖x‖₁ or ‖x‖₂."""
+    from compressors.quantize import Groups
+
+    groups = Groups(lengths, torch.device("cpu"))
+    x = torch.randn(sum(lengths), generator=torch.Generator().manual_seed(order)) * 3
+    expected = torch.stack([torch.linalg.vector_norm(part.double(), order)
+                            for part in x.split(lengths)]).float()
+    got = groups.norm(x, order, torch.float32)
+    assert got.shape == (len(lengths),)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("name, params", [("efsignsgd", {}), ("qsgd", {}),
+                                          ("terngrad", {"scaler_sharing": False})])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_contribution_subtracted_in_place_equals_its_dense_form(name, params, dtype):
+    """EF-SignSGD's, QSGD's and TernGrad's Sent subtracts its contribution straight from
+    the payload (no decoded full-size tensor) with the bits of buffer − dense()."""
+    from compressors import Session, drive
+
+    numel = 3000
+    sess = Session(compressors.build(name, **params), rank=0, world_size=1,
+                   feedback="none", seed=4)
+    grad = torch.randn(numel, generator=torch.Generator().manual_seed(9), dtype=dtype)
+    sent = drive([sess.exchange("g", grad, 0)])[0].sent
+    dense = sent.dense(numel)
+    assert dense.dtype == dtype and bool((dense != 0).any())
+    buffer = torch.randn(numel, generator=torch.Generator().manual_seed(10), dtype=dtype)
+    expected = buffer - dense
+    sent.subtract_from(buffer)
+    assert torch.equal(buffer, expected)

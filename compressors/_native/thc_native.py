@@ -183,10 +183,26 @@ def decode(total: torch.Tensor, numel: int, a: float, b: float,
     of power-of-two length."""
     d = total.numel()
     buf = _empty(d, torch.float32) if out is None else scratch(d)
+    _decode_into(buf, total, numel, a, b, sign_seed)
+    return buf[:numel] if out is None else out.copy_(buf[:numel])
+
+
+def decode_in_scratch(total: torch.Tensor, numel: int, a: float, b: float,
+                      sign_seed: int) -> torch.Tensor:
+    """decode() into this thread's scratch buffer: a view of it, valid until the next use
+    of the scratch on this thread (for a result read at once, such as THC's own
+    contribution that error feedback subtracts)."""
+    buf = scratch(total.numel())
+    _decode_into(buf, total, numel, a, b, sign_seed)
+    return buf[:numel]
+
+
+def _decode_into(buf: torch.Tensor, total: torch.Tensor, numel: int, a: float, b: float,
+                 sign_seed: int) -> None:
+    d = total.numel()
     k0, k1 = words(sign_seed)
     _lib().gc_thc_decode_f32(total.data_ptr(), VALUE_BYTES[total.dtype], d, numel, float(a),
                              float(b), k0, k1, buf.data_ptr(), threads(d))
-    return buf[:numel] if out is None else out.copy_(buf[:numel])
 
 
 def uniform_encode(x: torch.Tensor, lo: float, step: float, levels: int,
