@@ -30,7 +30,7 @@ Variants: sidco_e (exponential, then exponential), sidco_gp (GP, then GP), sidco
 from __future__ import annotations
 
 import math
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -54,6 +54,12 @@ from compressors.threshold import (
     rescale_for_moments,
     use_native,
 )
+
+# Speculation (the native path): the first read also takes what the second stage needs
+# for a first threshold within ±5% of the one guessed from the last two steps', and the
+# pool above 95% of the guessed second threshold (the drift and the share of steps where
+# that holds, in training: scripts/sidco_speculation.py).
+SPECULATION_MARGIN = 0.05
 
 # Below this coefficient of variation (σ²/μ² < 1e-10) data are numerically constant for
 # float32 statistics: the GP fit's limit is a point mass, whose every quantile is the point.
@@ -230,11 +236,11 @@ class _SIDCo(ThresholdSparsifier):
         ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
         found = self._select_native(acc, ratios, ctx, k) if use_native(acc) else None
         if found is None:
-            found = self._select_reference(acc, ratios)
+            found = (*self._select_reference(acc, ratios), None)
         # kept only once the first read of acc has passed (ctx.check_finite: nothing is
         # written before a NaN/Inf is found)
         state["stages"] = stages
-        indices, threshold = found
+        indices, threshold, state["speculated"] = found  # (the native path's diagnostic)
         if indices is None:  # all zero: nothing to send, and no information for adaptation
             self.report(ctx, stages=len(ratios), threshold=0.0)
             return empty_indices(acc.device)
@@ -265,17 +271,28 @@ class _SIDCo(ThresholdSparsifier):
     def _select_native(self, acc: torch.Tensor, ratios: list[float], ctx: Context,
                        k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
-        statistics, one that compacts the first stage's survivors (positions and |acc|),
-        later stages on those survivors only, and the final selection from the last pool
-        (its threshold is above the pool's, so nothing outside it can pass). None when
-        the data need the reference path's rescaling."""
+        statistics, one for the second stage's, one that compacts the survivors of the
+        second stage (positions and |acc|), later stages on those survivors only, and the
+        final selection from the last pool (its threshold is above the pool's, so nothing
+        outside it can pass). When the previous step's thresholds are known, the first
+        read also takes what the second stage needs near them and the pool above them
+        (_native.sidco_spec): where the new thresholds land inside those bounds, the second
+        and third reads are not needed; where not, they run as above. The selection is
+        the same either way. (indices, threshold, whether the speculation held: None when
+        not tried), or None when the data need the reference path's rescaling."""
         first = self.first_fit
-        st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
+        bounds = self._speculation_bounds(acc, ratios, ctx)
+        spec = None
+        if bounds is not None:
+            st, *rest = _native.sidco_spec(acc, *bounds, squares=first == "gpareto")
+            spec = _Speculative(*bounds, *rest)
+        else:
+            st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
         check_sum_finite(acc, st.sum, ctx)  # the folded NaN/Inf check (ctx.check_finite)
         numel = st.count
         mean = st.sum / numel
         if mean == 0.0:
-            return None, 0.0
+            return None, 0.0, None
         if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
             return None
         ratio = ratios[0]
@@ -291,33 +308,109 @@ class _SIDCo(ThresholdSparsifier):
             threshold = self._gamma_threshold(
                 numel, st.nonzero, mean, st.log_sum / st.nonzero, ratio,
                 lambda: _native.stats(acc, above=0.0, extremes=True).min)
-        # Stage 2 fits the exceedances straight from acc (a stats pass with no output);
-        # from stage 3 on, the survivors (a fraction δ₁·δ₂ of acc) are compacted once
-        # with their positions and later passes read only them.
+        # Stage 2 fits the exceedances straight from acc (a stats pass with no output), or
+        # from the speculative read; from stage 3 on, the survivors (a fraction δ₁·δ₂ of
+        # acc) are compacted once with their positions and later passes read only them.
         # maps[0]: acc positions of the first pool; maps[j]: positions in pool j of pool
         # j + 1. Only the final selection (about δ·d elements) is mapped back through them.
-        base, maps, pool = None, [], acc
+        # `above`: the pool holds elements at or below it that later stages must not see
+        # (the speculative stream's window), else None.
+        base, maps, pool, above = None, [], acc, None
+        hit = None if spec is None else False  # None: not tried
         for stage, ratio in enumerate(ratios[1:]):
-            if stage > 0:
+            if stage == 0:
+                first_threshold = threshold
+                new = None
+                if spec is not None:
+                    new = self._second_threshold_speculative(acc, spec, threshold, ratio)
+                    if new is not None and _at_least(new, spec.pool_above, acc.dtype):
+                        hit = True  # the stream's pool holds everything above `new`
+                        base, maps = spec.pool_above, [spec.positions]
+                        pool, above = spec.values, new
+                if new is None:
+                    new = self._later_threshold_native(acc, threshold, ratio, above=threshold)
+                if new is None:  # nothing exceeds: later stages have nothing to fit
+                    break
+                self._remember(ctx, first_threshold, new, ratios)
+                threshold = new
+                continue
+            if stage > 1 or not hit:
                 # The fraction of `pool` expected above the threshold: δ₁·δ₂ of acc for the
                 # first pool, then the previous stage's ratio of the pool.
                 keep = ratios[0] * ratios[1] if not maps else ratios[stage]
                 local, pool = _compact(pool, threshold, keep)
                 maps.append(local)
-                base = threshold
+                base, above = threshold, None
                 if pool.numel() == 0:
                     break
-            new = self._later_threshold_native(pool, threshold, ratio,
-                                               above=threshold if stage == 0 else None)
+            new = self._later_threshold_native(pool, threshold, ratio, above=above)
             if new is None:  # nothing exceeds: later stages have nothing to fit
                 break
             threshold = new
         if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
-            return native_select(acc, threshold, expected=k), threshold
+            return native_select(acc, threshold, expected=k), threshold, hit
         indices = _native.select(pool, threshold)[0]
         for positions in reversed(maps):
             indices = positions.index_select(0, indices)
-        return indices, threshold
+        return indices, threshold, hit
+
+    # -- speculation from the previous step --------------------------------------------
+
+    def _speculation_bounds(self, acc: torch.Tensor, ratios: list[float], ctx: Context):
+        """(window, upper, pool_above) for _native.sidco_spec around this step's guess of
+        the first two thresholds, or None: no speculation on the first steps, after a
+        change of the stage ratios, when the last guess would not have held (thresholds
+        on the move: a miss costs more than the plain reads), for the gamma first stage
+        and for other inputs than contiguous CPU float32 below 2^31 elements."""
+        history = ctx.state.get("speculation")
+        if (history is None or not history["would_hold"] or len(ratios) < 2
+                or history["ratios"] != tuple(ratios[:2]) or self.first_fit == "gamma"
+                or acc.dtype != torch.float32 or acc.device.type != "cpu"
+                or not acc.is_contiguous() or acc.numel() >= _native.NARROW_LIMIT):
+            return None
+        first, second = _guess(history["thresholds"])
+        bounds = _bounds(first, second)
+        return bounds if bounds[1] <= bounds[2] else None
+
+    @staticmethod
+    def _remember(ctx: Context, first: float, second: float, ratios: list[float]) -> None:
+        """Keep the last two steps' first two thresholds, and whether the guess made from
+        the earlier ones would have held for this step's."""
+        history = ctx.state.get("speculation")
+        used = tuple(ratios[:2])
+        past = history["thresholds"] if history and history["ratios"] == used else []
+        would_hold = False
+        if past:
+            window, upper, pool_above = _bounds(*_guess(past))
+            would_hold = window <= first < upper and second >= pool_above
+        ctx.state["speculation"] = {"thresholds": (past + [(first, second)])[-2:],
+                                    "ratios": used, "would_hold": would_hold}
+
+    def _second_threshold_speculative(self, acc: torch.Tensor, spec: _Speculative, t: float,
+                                      ratio: float) -> float | None:
+        """Stage 2's threshold from the speculative read, when the first threshold `t`
+        lies in its window (window ≤ t < upper as float32); None when it does not, or
+        when nothing exceeds t (the caller then fits from acc)."""
+        window, upper, mid, values = spec.window, spec.upper, spec.mid, spec.values
+        if not (_at_least(t, window, acc.dtype) and _above(upper, t, acc.dtype)):
+            return None
+        # the exceedances: mid (upper ≤ |x| ≤ pool_above) and the stream's above t
+        gp = self.later_fit != "exponential"
+        st = _native.stats(values, above=t, shift=t, squares=gp)
+        n = st.count + mid.count
+        if n == 0:
+            return None
+        if not gp:  # mid holds Σ|x|: Σ(|x| − t) = Σ|x| − n·t
+            return t + exponential_quantile((st.sum + mid.sum - mid.count * t) / n, ratio)
+        # mid holds Σz, Σz² of z = |x| − u (u: upper as float32); y = z + (u − t)
+        d = _as_dtype(upper, acc.dtype) - t
+        sum_y = st.sum + mid.sum + mid.count * d
+        sumsq_y = st.sumsq + mid.sumsq + 2 * d * mid.sum + mid.count * d * d
+        mean, var = moments_from_sums(
+            sum_y / n, sumsq_y / n,
+            lambda m: _native.stats(acc, above=t, shift=t + m, squares=True).sumsq / n)
+        return self._gpareto_threshold(
+            lambda: _native.stats(acc, above=t, extremes=True).min, t, mean, var, ratio)
 
     def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float,
                                 above: float | None = None) -> float | None:
@@ -365,10 +458,48 @@ def _compact(pool: torch.Tensor, t: float, keep: float) -> tuple[torch.Tensor, t
                           reserve=int(2 * keep * pool.numel()))
 
 
+class _Speculative(NamedTuple):
+    """The speculative first read (_native.sidco_spec): its bounds and what it found."""
+
+    window: float
+    upper: float
+    pool_above: float
+    mid: _native.Stats  # upper ≤ |acc| ≤ pool_above
+    positions: torch.Tensor  # int32 acc positions of the stream
+    values: torch.Tensor  # their |acc|: window ≤ |acc| < upper, and |acc| > pool_above
+
+
+def _guess(thresholds: list[tuple[float, float]]) -> tuple[float, float]:
+    """This step's first two thresholds guessed from the last one or two steps': the last
+    pair times its growth over the one before (with error feedback the residual, and so
+    every threshold, grows for many steps), or the last pair alone."""
+    if len(thresholds) < 2:
+        return thresholds[-1]
+    (a1, a2), (b1, b2) = thresholds[-2:]
+    return b1 * (b1 / a1), b2 * (b2 / a2)
+
+
+def _bounds(first: float, second: float) -> tuple[float, float, float]:
+    """(window, upper, pool_above) of the speculative read around a guess."""
+    return (first * (1 - SPECULATION_MARGIN), first * (1 + SPECULATION_MARGIN),
+            second * (1 - SPECULATION_MARGIN))
+
+
+def _as_dtype(value: float, dtype: torch.dtype) -> float:
+    """value rounded to dtype, as a comparison with a tensor of that dtype sees it."""
+    return float(torch.tensor(value, dtype=dtype))
+
+
 def _above(threshold: float, base: float, dtype: torch.dtype) -> bool:
     """Whether t > base once both are rounded to dtype (how the comparisons see them):
     then {|x| ≥ t} lies inside the pool {|x| > base}."""
-    return float(torch.tensor(threshold, dtype=dtype)) > float(torch.tensor(base, dtype=dtype))
+    return _as_dtype(threshold, dtype) > _as_dtype(base, dtype)
+
+
+def _at_least(threshold: float, base: float, dtype: torch.dtype) -> bool:
+    """Whether t ≥ base once both are rounded to dtype: then {|x| > t} lies inside the
+    pool {|x| > base}."""
+    return _as_dtype(threshold, dtype) >= _as_dtype(base, dtype)
 
 
 @register("sidco_e")

@@ -331,7 +331,10 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
                                      torch.empty_like(x), 3),
                 _native.pack_signs(x),
                 _native.add_signs_(x.clone(), _native.pack_signs(x.flip(0)),
-                                   torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, 2.0])))
+                                   torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, 2.0])),
+                _native.add_levels_(x.clone(), (x * 3e4).to(torch.int16),
+                                    torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, -2.0])),
+                _native.sidco_spec(x, t / 3, t / 2, t, squares=True))
 
     expected = results()
     monkeypatch.setattr(_native, "_lib", portable)
@@ -346,6 +349,13 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     assert torch.equal(got[7], expected[7])
     assert torch.equal(got[8], expected[8])
     assert torch.equal(got[9], expected[9])
+    assert torch.equal(got[10], expected[10])
+    (first, mid, idx, val), (first_n, mid_n, idx_n, val_n) = got[11], expected[11]
+    assert first == first_n  # the lane structure of gc_stats, both builds
+    assert mid.count == mid_n.count and mid.count > 0
+    assert mid.sum == pytest.approx(mid_n.sum, rel=1e-12)
+    assert mid.sumsq == pytest.approx(mid_n.sumsq, rel=1e-12)
+    assert torch.equal(idx, idx_n) and torch.equal(val, val_n)
 
 
 @needs_native

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import math
 import os
 import platform
 import shutil
@@ -40,7 +41,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 8
+ABI_VERSION = 9
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -49,6 +50,8 @@ MIN_PER_THREAD = 1 << 17
 # 26M elements, 2 threads, skipping vs branch-free, ms: 0.5% 7.0 vs 7.7, 1% 9.8 vs 8.5,
 # 2% 16.0 vs 8.3, 10% 35.7 vs 10.8).
 DENSE_FRACTION = 0.01
+# kernels.cpp NARROW_LIMIT: int32 positions, with room for 8-lane writes past the last.
+NARROW_LIMIT = (1 << 31) - 16
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -174,6 +177,10 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_pool_begin_f32.restype = _P
     lib.gc_add_signs.argtypes = [_P, ctypes.c_int, _P, _C_INT64, _P, _C_INT64, _P, ctypes.c_int]
     lib.gc_add_signs.restype = None
+    lib.gc_sidco_spec_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_int,
+                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
+                                      ctypes.POINTER(_C_INT64)]
+    lib.gc_sidco_spec_f32.restype = _P
     lib.gc_add_levels.argtypes = [_P, _P, ctypes.c_int, _C_INT64, _P, _C_INT64, _P,
                                   ctypes.c_int]
     lib.gc_add_levels.restype = None
@@ -396,6 +403,33 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     if above is not None:
         st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
     return st, idx, val
+
+
+def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
+               squares: bool = False) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
+    """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
+    elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...)
+    gives them bit for bit; `mid`: count, Σz and Σz² of z = |x| − upper over upper ≤ |x| ≤
+    pool_above, where `upper` is rounded to float32 first; the int32 positions and the |x|
+    of the stream, ascending: window ≤ |x| < upper, and |x| > pool_above). The bounds
+    compare in float32 as torch does; window ≤ upper ≤ pool_above. One read pass."""
+    if not (supports_cpu(x) and x.dtype == torch.float32 and x.numel() < NARROW_LIMIT):
+        raise TypeError(f"sidco_spec() takes contiguous CPU float32 tensors of fewer than "
+                        f"2^31 elements, got {x.dtype} on {x.device} ({x.numel()} elements)")
+    n = x.numel()
+    out = (ctypes.c_double * 10)()
+    total = _C_INT64(0)
+    handle = load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), int(squares),
+                                      float(window), float(upper), float(pool_above), out,
+                                      ctypes.byref(total))
+    if not handle:
+        raise MemoryError("native sidco_spec could not allocate its buffers")
+    idx = torch.empty(total.value, dtype=torch.int32)
+    val = torch.empty(total.value, dtype=torch.float32)
+    _fn("gc_select_take", x)(handle, None, idx.data_ptr(), val.data_ptr())
+    first = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+    mid = Stats(int(out[7]), out[8], out[9], -1.0, math.inf, 0, 0.0)
+    return first, mid, idx, val
 
 
 def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,

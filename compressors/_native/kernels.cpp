@@ -732,6 +732,135 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
   });
 }
 
+// ---------------------------------------------------------------------------------------
+// SIDCo's speculative first read (float32, n < NARROW_LIMIT): the first stage's statistics
+// and, in the same read, what the next two stages need if the thresholds land where the
+// previous step's did (compressors/sidco.py):
+//   all:  count, Σ|x| (and Σx² with SQ) of every element: the same lanes, order and block
+//         partials as gc_stats (block_all_f32), so η₁ equals the plain path's bit for bit;
+//   mid:  count and Σ|x| (without SQ), or count, Σz and Σz² of z = |x| − b (with SQ), over
+//         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool;
+//   stream: positions (int32) and |x| of the window w ≤ |x| < b and of the pool |x| > g,
+//         branch-free through the permutation table, ascending.
+// With w ≤ η₁ < b ≤ g ≤ η₂ (as float32) the second stage's statistics follow exactly from
+// mid and the stream's elements above η₁, and every later stage only looks at the pool.
+template <bool SQ>
+void block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
+                Partial& all, Partial& mid, Hits<float>& out) {
+  out.ensure(out.size + (hi - lo) + 16);
+  int64_t k = out.size;
+  int32_t* idx32 = out.idx32();
+  float* val = out.val;
+  const double shift = SQ ? static_cast<double>(b) : 0.0;
+  v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;     // all
+  v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
+  int64_t cnt = 0;
+  int64_t i = lo;
+#if defined(__AVX2__)
+  {
+    const __m256 wv = _mm256_set1_ps(w), bv = _mm256_set1_ps(b), gv = _mm256_set1_ps(g);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
+    const v4d sh = {shift, shift, shift, shift};
+    __m256i pos = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                   _mm256_set1_epi32(static_cast<int32_t>(lo)));
+    const __m256i eight = _mm256_set1_epi32(8);
+    __m256i c = _mm256_setzero_si256();
+    for (; i + 8 <= hi; i += 8) {
+      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+      v4d y0, y1;
+      widen8(reinterpret_cast<v8f>(a), y0, y1);
+      s0 += y0;
+      s1 += y1;
+      if (SQ) {
+        q0 += y0 * y0;
+        q1 += y1 * y1;
+      }
+      const __m256 geb = _mm256_cmp_ps(a, bv, _CMP_GE_OQ);
+      const __m256 gtg = _mm256_cmp_ps(a, gv, _CMP_GT_OQ);
+      const __m256 inmid = _mm256_andnot_ps(gtg, geb);
+      c = _mm256_sub_epi32(c, _mm256_castps_si256(inmid));
+      if (SQ) {  // z = |x| − b where in mid, else 0
+        const __m256i im = _mm256_castps_si256(inmid);
+        const v4l k0 = (v4l)_mm256_cvtepi32_epi64(_mm256_castsi256_si128(im));
+        const v4l k1 = (v4l)_mm256_cvtepi32_epi64(_mm256_extracti128_si256(im, 1));
+        const v4d z0 = (v4d)((v4l)(y0 - sh) & k0), z1 = (v4d)((v4l)(y1 - sh) & k1);
+        m0 += z0;
+        m1 += z1;
+        r0 += z0 * z0;
+        r1 += z1 * z1;
+      } else {  // |x| where in mid, else 0
+        v4d z0, z1;
+        widen8(reinterpret_cast<v8f>(_mm256_and_ps(a, inmid)), z0, z1);
+        m0 += z0;
+        m1 += z1;
+      }
+      const __m256 inwin = _mm256_andnot_ps(geb, _mm256_cmp_ps(a, wv, _CMP_GE_OQ));
+      const int m = _mm256_movemask_ps(_mm256_or_ps(inwin, gtg));
+      const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
+      _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx32 + k),
+                          _mm256_permutevar8x32_epi32(pos, p));
+      k += __builtin_popcount(static_cast<unsigned>(m));
+      pos = _mm256_add_epi32(pos, eight);
+    }
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), c);
+    for (int l = 0; l < 8; ++l) cnt += lanes[l];
+  }
+#endif
+  double s = hsum(s0 + s1), q = hsum(q0 + q1), ms = hsum(m0 + m1), mq = hsum(r0 + r1);
+#if !defined(__AVX2__)
+  // no merged loop: the first statistics as gc_stats computes them, then the rest below
+  block_all_f32<SQ, false, false>(x + lo, hi - lo, 0.0, all);
+#endif
+  for (; i < hi; ++i) {  // as block_all_f32's tail (y = |x| − 0 is |x|)
+    const float af = std::fabs(x[i]);
+    const double a = static_cast<double>(af);
+    s += a;
+    q += a * a;
+    if (af >= b && !(af > g)) {
+      const double z = a - shift;
+      cnt += 1; ms += z; mq += z * z;
+    }
+    idx32[k] = static_cast<int32_t>(i);
+    val[k] = af;
+    k += (af >= w && af < b) || af > g;
+  }
+  out.size = k;
+#if defined(__AVX2__)
+  all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQ ? q : 0.0;
+  all.max = -1; all.min = INFINITY; all.nonzero = 0;
+#endif
+  mid.count = static_cast<double>(cnt); mid.sum = ms; mid.sumsq = SQ ? mq : 0.0;
+}
+
+// out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with `squares`);
+// out[7..9]: mid's count, Σ (Σ|x|, or Σz with `squares`) and Σz² (with `squares`).
+void* sidco_spec(const float* x, int64_t n, int threads, int squares, double w, double b,
+                 double g, double* out, int64_t* total) {
+  const int nth = std::max(1, threads);
+  const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
+  return run_selection<float>(nth, nullptr, total, [&](Selection<float>& sel, std::vector<int>&) {
+    std::vector<Partial> all(blocks), mid(blocks);
+    parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
+      Hits<float>& h = sel.parts[tid];
+      h.values = true;
+      h.narrow = true;
+      h.ensure(std::max<int64_t>(1024, n / (8 * nth)));
+      for (int64_t blk = b0; blk < b1; ++blk) {
+        const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
+        if (squares) block_spec<true>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], h);
+        else block_spec<false>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], h);
+      }
+    });
+    write_total(all, out);
+    double m[7];
+    write_total(mid, m);
+    out[7] = m[0]; out[8] = m[1]; out[9] = m[2];
+  });
+}
+
 // DGC/DRAGONN's threshold sample without a positions tensor: out[i] = |x[p_i]| with
 // p_i = (h(i)·n) >> 32 (h: the counter hash keyed by k0, k1; n < 2^31, so the torch twin
 // in compressors/dgc.py computes the same p_i in int64). The reads are cache misses: the
@@ -1017,7 +1146,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 8; }
+int gc_abi_version() { return 9; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1054,6 +1183,11 @@ void gc_release_scratch() {
   std::lock_guard<std::mutex> lock(pool_mutex);
   for (Buf& b : pool_bufs) std::free(b.p);
   pool_bufs.clear();
+}
+
+void* gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, double w,
+                        double b, double g, double* out, int64_t* total) {
+  return sidco_spec(x, n, threads, squares, w, b, g, out, total);
 }
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,

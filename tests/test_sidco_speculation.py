@@ -1,0 +1,165 @@
+"""SIDCo's speculative first read (compressors/sidco.py, _native.sidco_spec): the kernel
+against its definition in torch, and the selection against the pure-torch reference
+whether the speculation holds, misses its window, misses its pool or is not tried."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import compressors
+from compressors import Session, _native, drive
+from compressors.sidco import SPECULATION_MARGIN
+from repro.testing import with_threads
+
+needs_native = pytest.mark.skipif(not _native.available(),
+                                  reason=f"native kernels unavailable: {_native.error()}")
+
+
+def _laplace(n: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+    return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32)
+
+
+def _f32(v: float) -> float:
+    return float(torch.tensor(v, dtype=torch.float32))
+
+
+@needs_native
+@pytest.mark.parametrize("n", [5, 1000, 2**15 + 13, 300_001])
+@pytest.mark.parametrize("squares", [False, True])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_kernel_matches_its_definition(n, squares, threads):
+    """The first statistics equal gc_stats' bit for bit; mid's count is exact and its
+    sums equal float64 sums; the stream is {w ≤ |x| < b} ∪ {|x| > g}, ascending, with
+    |x|; bounds equal to elements (ties) compare as torch compares in float32."""
+    x = _laplace(n, seed=n)
+    x[::17] = 0.0
+    mag = x.abs()
+    w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in (0.70, 0.78, 0.93))
+    b = b + 1e-12  # not a float32: rounded as torch rounds it
+    first, mid, idx, val = with_threads(
+        threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares))
+    plain = _native.stats(x, squares=squares)
+    assert (first.count, first.sum, first.sumsq) == (plain.count, plain.sum, plain.sumsq)
+    wf, bf, gf = _f32(w), _f32(b), _f32(g)
+    in_mid = (mag >= bf) & (mag <= gf)
+    assert mid.count == int(in_mid.sum())
+    a = mag[in_mid].double()
+    if squares:
+        z = a - bf
+        assert mid.sum == pytest.approx(float(z.sum()), rel=1e-12, abs=1e-300)
+        assert mid.sumsq == pytest.approx(float((z * z).sum()), rel=1e-12, abs=1e-300)
+    else:
+        assert mid.sum == pytest.approx(float(a.sum()), rel=1e-12, abs=1e-300)
+    keep = ((mag >= wf) & (mag < bf)) | (mag > gf)
+    expected = keep.nonzero().view(-1)
+    assert idx.dtype == torch.int32 and torch.equal(idx.long(), expected)
+    assert torch.equal(val, mag[expected])
+    assert expected.numel() > 0
+
+
+@needs_native
+def test_kernel_refuses_what_it_does_not_take():
+    for bad in (torch.zeros(10, dtype=torch.float64), torch.zeros(20)[::2]):
+        with pytest.raises(TypeError, match="float32"):
+            _native.sidco_spec(bad, 0.1, 0.2, 0.3)
+
+
+def _session(name: str) -> Session:
+    comp = compressors.build(name, ratio=0.001, adaptive=False)
+    return Session(comp, world_size=1, feedback="none", seed=1)
+
+
+def _indices(session: Session, x: torch.Tensor, step: int) -> torch.Tensor:
+    return drive([session.exchange("g", x, step)])[0].sent.indices
+
+
+def _reference_indices(monkeypatch, name: str, x: torch.Tensor) -> torch.Tensor:
+    with monkeypatch.context() as m:
+        m.setenv("GRADCOMP_NATIVE", "0")
+        return _indices(_session(name), x, 0)
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+@pytest.mark.parametrize("case, scale1, scale2, expected", [
+    ("hit", 1.0, 1.0, True),
+    ("first threshold above the window", 1 / (1 + 2 * SPECULATION_MARGIN), 1.0, False),
+    ("first threshold below the window", 1.5, 1.5, False),
+    ("second threshold below the pool", 1.0, 1.3, False),
+])
+def test_selection_is_the_reference_one_whatever_the_guess(monkeypatch, name, case, scale1,
+                                                          scale2, expected):
+    """The guess is set by hand around the true thresholds of x: the speculation holds,
+    or misses (η₁ outside its window, η₂ below the pool's bound) and the plain reads
+    finish the stages: the selection is the reference path's in every case."""
+    x = _laplace(400_003, seed=3)
+    session = _session(name)
+    first = _indices(session, x, 0)  # no history yet: not tried
+    state = session.states["g"]["compressor"]
+    assert state["speculated"] is None
+    eta1, eta2 = state["speculation"]["thresholds"][-1]
+    state["speculation"] = {"thresholds": [(eta1 * scale1, eta2 * scale2)],
+                            "ratios": state["speculation"]["ratios"], "would_hold": True}
+    again = _indices(session, x, 1)
+    assert state["speculated"] is expected, case
+    reference = _reference_indices(monkeypatch, name, x)
+    assert torch.equal(first, reference)
+    assert torch.equal(again, reference)
+    assert reference.numel() > 0
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+def test_speculation_follows_growing_thresholds_and_stops_after_a_miss(monkeypatch, name):
+    """Thresholds that grow by a steady factor are guessed from the last two steps (the
+    speculation holds from the third step on); after a jump it is not tried until a guess
+    would have held again. Every step selects what the reference path selects."""
+    x = _laplace(300_007, seed=5)
+    session = _session(name)
+    scales = [1.0, 1.04, 1.04**2, 1.04**3, 2.0, 2.0 * 1.04, 2.0 * 1.04**2, 2.0 * 1.04**3]
+    flags = []
+    for step, s in enumerate(scales):
+        y = x * s
+        got = _indices(session, y, step)
+        flags.append(session.states["g"]["compressor"]["speculated"])
+        assert torch.equal(got, _reference_indices(monkeypatch, name, y)), step
+    # step 1: one threshold pair known, the guess not yet checked; 2, 3: extrapolated;
+    # 4: the jump misses; 5: not tried; 6: the guess from steps 4 and 5 is off (the jump
+    # doubled the growth), 7: held again
+    assert flags == [None, None, True, True, False, None, None, True]
+
+
+@needs_native
+def test_no_speculation_for_inputs_it_does_not_take():
+    """float64 inputs, and the gamma first stage (SIDCo-P), keep the plain reads."""
+    for name, dtype in (("sidco_e", torch.float64), ("sidco_p", torch.float32)):
+        session = _session(name)
+        x = _laplace(100_003, seed=7).to(dtype)
+        for step in range(4):
+            _indices(session, x, step)
+            assert session.states["g"]["compressor"]["speculated"] is None
+
+
+@needs_native
+def test_a_nan_leaves_the_speculation_state_as_it_was():
+    """The speculative read is the folded NaN/Inf check too: a step that finds a NaN
+    raises before it writes any state, and the next clean step selects what it would
+    have selected without the bad one."""
+    x = _laplace(200_003, seed=9)
+    clean, bad = _session("sidco_e"), _session("sidco_e")
+    for step in range(3):
+        _indices(clean, x, step)
+        _indices(bad, x, step)
+    before = dict(bad.states["g"]["compressor"]["speculation"])
+    poisoned = x.clone()
+    poisoned[1234] = math.nan
+    with pytest.raises(FloatingPointError, match="NaN"):
+        _indices(bad, poisoned, 3)
+    assert bad.states["g"]["compressor"]["speculation"] == before
+    assert torch.equal(_indices(bad, x, 3), _indices(clean, x, 3))
+    assert bad.states["g"]["compressor"]["speculated"] is True
