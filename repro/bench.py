@@ -10,9 +10,10 @@ How each number is taken:
   NaN/Inf check: the compressor alone) runs the compressor's protocol; encode is the
   compute before its requests (and between rounds), decode the compute after the last
   answer, into a destination allocated once (`out`, as the DDP hook decodes into the
-  gradient itself; compressors that return a tensor of their own leave it). The driver here answers the requests itself and synchronises the device at
-  every boundary, so CUDA times are kernel times, not launch times. Median of `repeats`
-  calls after one warm-up call.
+  gradient itself; compressors that return a tensor of their own leave it). The driver
+  here answers the requests itself and synchronises the device at every boundary, so
+  CUDA times are kernel times, not launch times. Median of `repeats` calls after one
+  warm-up call.
 - floor: one read pass over the same tensor, `torch.sum` of a precomputed |x| (what any
   selection must at least do), with `torch.linalg.vector_norm(x, 1)` (abs fused into the
   reduction) as a second reference. Every encode time is reported over the floor and
