@@ -401,33 +401,36 @@ class _SIDCo(ThresholdSparsifier):
         if n == 0:
             return None
         if not gp:  # mid holds Σ|x|: Σ(|x| − t) = Σ|x| − n·t
-            return t + exponential_quantile((st.sum + mid.sum - mid.count * t) / n, ratio)
+            return self._threshold_from_sums(acc, t, t, ratio, n,
+                                             st.sum + mid.sum - mid.count * t, 0.0)
         # mid holds Σz, Σz² of z = |x| − u (u: upper as float32); y = z + (u − t)
         d = _as_dtype(upper, acc.dtype) - t
         sum_y = st.sum + mid.sum + mid.count * d
         sumsq_y = st.sumsq + mid.sumsq + 2 * d * mid.sum + mid.count * d * d
-        mean, var = moments_from_sums(
-            sum_y / n, sumsq_y / n,
-            lambda m: _native.stats(acc, above=t, shift=t + m, squares=True).sumsq / n)
-        return self._gpareto_threshold(
-            lambda: _native.stats(acc, above=t, extremes=True).min, t, mean, var, ratio)
+        return self._threshold_from_sums(acc, t, t, ratio, n, sum_y, sumsq_y)
 
     def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float,
                                 above: float | None = None) -> float | None:
         """_later_threshold by fused native passes, on the elements of `pool` above
         `above` (all of them when None: a compacted pool); None when there are none."""
-        gp = self.later_fit != "exponential"
-        st = _native.stats(pool, above=above, shift=t, squares=gp)
-        n = st.count
-        if n == 0:
+        st = _native.stats(pool, above=above, shift=t, squares=self.later_fit != "exponential")
+        if st.count == 0:
             return None
-        if not gp:
-            return t + exponential_quantile(st.sum / n, ratio)
+        return self._threshold_from_sums(pool, above, t, ratio, st.count, st.sum, st.sumsq)
+
+    def _threshold_from_sums(self, source: torch.Tensor, above: float | None, t: float,
+                             ratio: float, n: int, sum_y: float, sumsq_y: float) -> float:
+        """A later stage's threshold from the count n, Σy and Σy² (read for the GP fit
+        only) of the exceedances y = |x| − t, the elements of `source` above `above`
+        (read again only for the GP fit's second pass under cancellation or its
+        point-mass minimum)."""
+        if self.later_fit == "exponential":
+            return t + exponential_quantile(sum_y / n, ratio)
         mean, var = moments_from_sums(
-            st.sum / n, st.sumsq / n,
-            lambda m: _native.stats(pool, above=above, shift=t + m, squares=True).sumsq / n)
+            sum_y / n, sumsq_y / n,
+            lambda m: _native.stats(source, above=above, shift=t + m, squares=True).sumsq / n)
         return self._gpareto_threshold(
-            lambda: _native.stats(pool, above=above, extremes=True).min, t, mean, var, ratio)
+            lambda: _native.stats(source, above=above, extremes=True).min, t, mean, var, ratio)
 
     def _adapt(self, state: dict, quality: float) -> None:
         """Adapt_Stages of Algorithm 1 on the mean k̂/k of the last adapt_interval steps."""
