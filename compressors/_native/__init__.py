@@ -307,6 +307,11 @@ class Stats:
     nonzero: int
     log_sum: float
 
+    @classmethod
+    def of(cls, out) -> Stats:
+        """From a kernel's seven doubles: count, Σy, Σy², max, min, nonzeros, Σ ln|x|."""
+        return cls(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+
 
 def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
           squares: bool = False, extremes: bool = False, logs: bool = False) -> Stats:
@@ -319,7 +324,7 @@ def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
     flags = (1 if squares else 0) | (2 if extremes else 0) | (4 if logs else 0)
     _fn("gc_stats", x)(x.data_ptr(), n, _threads(n), int(above is None),
                        0.0 if above is None else float(above), float(shift), flags, out)
-    return Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+    return Stats.of(out)
 
 
 def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
@@ -401,7 +406,7 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
                              idx.data_ptr() if narrow else None, val.data_ptr())
     st = None
     if above is not None:
-        st = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+        st = Stats.of(out)
     return st, idx, val
 
 
@@ -427,7 +432,7 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
     idx = torch.empty(total.value, dtype=torch.int32)
     val = torch.empty(total.value, dtype=torch.float32)
     _fn("gc_select_take", x)(handle, None, idx.data_ptr(), val.data_ptr())
-    first = Stats(int(out[0]), out[1], out[2], out[3], out[4], int(out[5]), out[6])
+    first = Stats.of(out)
     mid = Stats(int(out[7]), out[8], out[9], -1.0, math.inf, 0, 0.0)
     return first, mid, idx, val
 
