@@ -9,7 +9,7 @@ Deterministic, single process, no threads.
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
@@ -61,6 +61,19 @@ def _combine(requests: Sequence[Request]) -> list[Any]:
                 r.tensor.copy_(requests[src].tensor)
         return [r.tensor for r in requests]
     raise TypeError(f"unknown request {kind.__name__}")
+
+
+def drive_one(gen: Generator[Any, Any, Any], answer: Callable[[Any], Any]) -> Any:
+    """Run ONE worker's generator to its end, each yielded request or round answered by
+    answer(item) (torch.distributed collectives, a one-rank group for timing, a fake
+    group for profiling); its return value."""
+    reply: Any = None
+    while True:
+        try:
+            item = gen.send(reply)
+        except StopIteration as stop:
+            return stop.value
+        reply = answer(item)
 
 
 def drive(generators: Sequence[Generator[Any, Any, Any]]) -> list[Any]:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from compressors.requests import AllGather, AllReduce, Broadcast, Request, as_round
+from compressors.simulated import drive_one
 
 _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
@@ -103,15 +104,12 @@ def _issue_and_wait(requests: tuple[Request, ...], group) -> list[Any]:
 
 def run(gen: Generator[Any, Any, Any], group=None) -> Any:
     """Drive a protocol generator to completion over `group`, in this thread."""
-    answer: Any = None
-    while True:
-        try:
-            item = gen.send(answer)
-        except StopIteration as stop:
-            return stop.value
+    def answer(item: Any) -> Any:
         requests, is_tuple = as_round(item)
         answers = _run_round(requests, group)
-        answer = tuple(answers) if is_tuple else answers[0]
+        return tuple(answers) if is_tuple else answers[0]
+
+    return drive_one(gen, answer)
 
 
 class CommThread:

@@ -24,6 +24,7 @@ import time
 import torch
 
 import compressors
+from compressors.simulated import drive_one
 from repro import sources
 from repro.bench import _answer_alone
 from repro.hooks import WorkerCompression
@@ -36,18 +37,6 @@ def _numel(text: str) -> int:
     return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
 
 
-def alone(gen):
-    """Run one rank's generator to its end, each collective answered as a one-rank
-    group answers it (repro bench's rule: the tensor itself, an allgather a copy)."""
-    answer = None
-    while True:
-        try:
-            item = gen.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = _answer_alone(item)
-
-
 def hook_step(name: str, x: torch.Tensor, repeats: int) -> float:
     """Median ms of one layerwise step of `name` (default feedback) on a copy of x."""
     params = {"ratio": 0.001} if "ratio" in compressors.default_params(name) else {}
@@ -58,7 +47,7 @@ def hook_step(name: str, x: torch.Tensor, repeats: int) -> float:
         grad.copy_(x)
         t0 = time.perf_counter()
         job, finish = worker.layerwise([("g", grad)], step)
-        finish(alone(job))
+        finish(drive_one(job, _answer_alone))
         if step:
             times.append(time.perf_counter() - t0)
     return 1e3 * statistics.median(times)

@@ -13,6 +13,7 @@ from torch.profiler import ProfilerActivity, profile
 import compressors
 from compressors import Segment, Session, _native
 from compressors.requests import AllGather, AllReduce, as_round
+from compressors.simulated import drive_one
 
 # The claim is the native hot path's: the pure-torch reference paths (no compiler, or
 # GRADCOMP_NATIVE=0) materialise |acc|, masks and casts by design.
@@ -63,14 +64,7 @@ def _answer(item):
 
 def _exchange(session: Session, grad: torch.Tensor, step: int):
     layout = (Segment("w", 0, NUMEL, SHAPE),)
-    gen = session.exchange("w", grad, step, layout=layout, out=grad)
-    answer = None
-    while True:
-        try:
-            item = gen.send(answer)
-        except StopIteration as stop:
-            return stop.value
-        answer = _answer(item)
+    return drive_one(session.exchange("w", grad, step, layout=layout, out=grad), _answer)
 
 
 def _full_size_allocations(name: str, feedback: str) -> list[tuple[str, int]]:
