@@ -284,7 +284,8 @@ class _SIDCo(ThresholdSparsifier):
         bounds = self._speculation_bounds(acc, ratios, ctx)
         spec = None
         if bounds is not None:
-            st, *rest = _native.sidco_spec(acc, *bounds, squares=first == "gpareto")
+            st, *rest = _native.sidco_spec(acc, *bounds, squares=first == "gpareto",
+                                           room=_native.stream_room(acc.numel()))
             spec = _Speculative(*bounds, *rest)
         else:
             st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
@@ -468,6 +469,7 @@ class _Speculative(NamedTuple):
     upper: float
     pool_above: float
     mid: _native.Stats  # upper ≤ |acc| ≤ pool_above
+    # views of this thread's stream room (_native.stream_room): read before select returns
     positions: torch.Tensor  # int32 acc positions of the stream
     values: torch.Tensor  # their |acc|: window ≤ |acc| < upper, and |acc| > pool_above
 

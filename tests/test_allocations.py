@@ -72,12 +72,14 @@ def _full_size_allocations(name: str, feedback: str) -> list[tuple[str, int]]:
     comp = compressors.build(name, **_params(name))
     session = Session(comp, rank=0, world_size=2, feedback=feedback, seed=3)
     g = torch.Generator().manual_seed(7)
-    grads = [torch.randn(SHAPE, generator=g) for _ in range(3)]
-    # even steps: rank 0 leads (CLT-k, DEFT, THC), so the fake driver's answers are real
-    _exchange(session, grads[0], 0)
-    _exchange(session, grads[1], 2)
+    grads = [torch.randn(SHAPE, generator=g) for _ in range(4)]
+    # even steps: rank 0 leads (CLT-k, DEFT, THC), so the fake driver's answers are real;
+    # three steps before the one profiled: SIDCo's first speculative read (on the third)
+    # gets its stream room then, once per thread
+    for step in range(3):
+        _exchange(session, grads[step], 2 * step)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        _exchange(session, grads[2], 4)
+        _exchange(session, grads[3], 6)
     found = []
     for e in prof.events():
         # the op that allocated: not a caller whose usage is its callee's

@@ -29,17 +29,23 @@ def _f32(v: float) -> float:
 
 
 @needs_native
-@pytest.mark.parametrize("n", [5, 1000, 2**15 + 13, 300_001])
+@pytest.mark.parametrize("n, threads", [(5, 1), (5, 2), (1000, 2), (2**15 + 13, 2),
+                                        (300_001, 1), (300_001, 2), (600_007, 3),
+                                        (600_007, 4)])
 @pytest.mark.parametrize("squares", [False, True])
-@pytest.mark.parametrize("threads", [1, 2])
-def test_kernel_matches_its_definition(n, squares, threads):
+@pytest.mark.parametrize("share", ["narrow", "wide"])
+def test_kernel_matches_its_definition(n, threads, squares, share):
     """The first statistics equal gc_stats' bit for bit; mid's count is exact and its
     sums equal float64 sums; the stream is {w ≤ |x| < b} ∪ {|x| > g}, ascending, with
-    |x|; bounds equal to elements (ties) compare as torch compares in float32."""
+    |x|; bounds equal to elements (ties) compare as torch compares in float32. Each
+    thread writes its part of the stream where its elements start, then the parts are
+    moved together: by all threads where a part's new place is clear of its old one (a
+    narrow stream, about 15% of x), by one overlapping move where not (a wide one, 90%)."""
     x = _laplace(n, seed=n)
     x[::17] = 0.0
     mag = x.abs()
-    w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in (0.70, 0.78, 0.93))
+    bounds = (0.70, 0.78, 0.93) if share == "narrow" else (0.02, 0.90, 0.92)
+    w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in bounds)
     b = b + 1e-12  # not a float32: rounded as torch rounds it
     first, mid, idx, val = with_threads(
         threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares))
@@ -63,10 +69,36 @@ def test_kernel_matches_its_definition(n, squares, threads):
 
 
 @needs_native
+def test_kernel_writes_the_stream_into_the_room_it_is_given():
+    """With `room` the stream is a pair of views of it (nothing allocated per call), and
+    a later call into the same room gives the same stream for the same input."""
+    x = _laplace(300_001, seed=4)
+    t = float(x.abs().quantile(0.9))
+    room = (torch.full((x.numel() + 5,), -7, dtype=torch.int32),
+            torch.full((x.numel() + 5,), -7.0))
+    _, _, idx, val = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, room=room))
+    assert idx.data_ptr() == room[0].data_ptr() and val.data_ptr() == room[1].data_ptr()
+    fresh = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t))
+    assert torch.equal(idx, fresh[2]) and torch.equal(val, fresh[3])
+    kept = idx.clone()
+    _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, room=room)  # an empty stream: room reused
+    again = _native.sidco_spec(x, t / 2, t / 1.5, t, room=room)
+    assert torch.equal(again[2], kept)
+    assert _native.stream_room(10)[0].numel() >= 10
+    assert _native.stream_room(10)[0].data_ptr() == _native.stream_room(5)[0].data_ptr()
+
+
+@needs_native
 def test_kernel_refuses_what_it_does_not_take():
     for bad in (torch.zeros(10, dtype=torch.float64), torch.zeros(20)[::2]):
         with pytest.raises(TypeError, match="float32"):
             _native.sidco_spec(bad, 0.1, 0.2, 0.3)
+    x = torch.ones(100)
+    for room in ((torch.empty(99, dtype=torch.int32), torch.empty(100)),
+                 (torch.empty(100, dtype=torch.int64), torch.empty(100)),
+                 (torch.empty(100, dtype=torch.int32), torch.empty(200)[::2])):
+        with pytest.raises(TypeError, match="room for 100"):
+            _native.sidco_spec(x, 0.1, 0.2, 0.3, room=room)
 
 
 def _session(name: str) -> Session:

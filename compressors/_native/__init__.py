@@ -41,7 +41,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 9
+ABI_VERSION = 10
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -179,8 +179,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_add_signs.restype = None
     lib.gc_sidco_spec_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
-                                      ctypes.POINTER(_C_INT64)]
-    lib.gc_sidco_spec_f32.restype = _P
+                                      _P, _P, ctypes.POINTER(_C_INT64)]
+    lib.gc_sidco_spec_f32.restype = ctypes.c_int
     lib.gc_add_levels.argtypes = [_P, _P, ctypes.c_int, _C_INT64, _P, _C_INT64, _P,
                                   ctypes.c_int]
     lib.gc_add_levels.restype = None
@@ -411,30 +411,41 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
 
 
 def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
-               squares: bool = False) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
+               squares: bool = False, room: tuple[torch.Tensor, torch.Tensor] | None = None,
+               ) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
     elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...)
     gives them bit for bit; `mid`: count, Σz and Σz² of z = |x| − upper over upper ≤ |x| ≤
     pool_above, where `upper` is rounded to float32 first; the int32 positions and the |x|
     of the stream, ascending: window ≤ |x| < upper, and |x| > pool_above). The bounds
-    compare in float32 as torch does; window ≤ upper ≤ pool_above. One read pass."""
+    compare in float32 as torch does; window ≤ upper ≤ pool_above. One read pass.
+
+    The stream is written straight where it is returned: into `room`, a contiguous int32
+    and a float32 CPU tensor of at least x.numel() elements each that the caller keeps
+    between calls (the stream is then a pair of views of them, valid until their next
+    use), or, without `room`, into two fresh tensors of x.numel() elements."""
     if not (supports_cpu(x) and x.dtype == torch.float32 and x.numel() < NARROW_LIMIT):
         raise TypeError(f"sidco_spec() takes contiguous CPU float32 tensors of fewer than "
                         f"2^31 elements, got {x.dtype} on {x.device} ({x.numel()} elements)")
     n = x.numel()
+    if room is None:
+        room = (torch.empty(n, dtype=torch.int32), torch.empty(n, dtype=torch.float32))
+    idx, val = room
+    if not (idx.dtype == torch.int32 and val.dtype == torch.float32 and idx.is_contiguous()
+            and val.is_contiguous() and idx.device.type == val.device.type == "cpu"
+            and min(idx.numel(), val.numel()) >= n):
+        raise TypeError(f"sidco_spec() needs room for {n} int32 positions and float32 values "
+                        f"(contiguous CPU tensors), got {idx.dtype} × {idx.numel()} and "
+                        f"{val.dtype} × {val.numel()}")
     out = (ctypes.c_double * 10)()
     total = _C_INT64(0)
-    handle = load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), int(squares),
-                                      float(window), float(upper), float(pool_above), out,
-                                      ctypes.byref(total))
-    if not handle:
-        raise MemoryError("native sidco_spec could not allocate its buffers")
-    idx = torch.empty(total.value, dtype=torch.int32)
-    val = torch.empty(total.value, dtype=torch.float32)
-    _fn("gc_select_take", x)(handle, None, idx.data_ptr(), val.data_ptr())
+    if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), int(squares), float(window),
+                                float(upper), float(pool_above), idx.data_ptr(),
+                                val.data_ptr(), out, ctypes.byref(total)):
+        raise MemoryError("native sidco_spec could not allocate its partial sums")
     first = Stats.of(out)
     mid = Stats(int(out[7]), out[8], out[9], -1.0, math.inf, 0, 0.0)
-    return first, mid, idx, val
+    return first, mid, idx[:total.value], val[:total.value]
 
 
 def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,
@@ -582,10 +593,28 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
     return out
 
 
+_rooms = threading.local()
+
+
+def stream_room(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This thread's room for sidco_spec's stream: an int32 and a float32 tensor of at
+    least n elements, kept between calls (grown when a larger tensor comes) and shared by
+    every caller on the thread, so each must be done with a stream before the next call.
+    Only the pages a stream touches are ever mapped (about the stream's 8 bytes per
+    element)."""
+    room = getattr(_rooms, "tensors", None)
+    if room is None or room[0].numel() < n:
+        _rooms.tensors = None  # the old room is given back before the new one is had
+        room = (empty(n, torch.int32), empty(n, torch.float32))
+        _rooms.tensors = room
+    return room
+
+
 def release_scratch() -> None:
     """Give back the scratch memory the kernels keep between calls: the selections' pooled
-    hit buffers (the largest ever used, up to 8) and this thread's THC transform buffer
-    (4 bytes per padded element). The next call allocates afresh."""
+    hit buffers (the largest ever used, up to 8), this thread's THC transform buffer (4
+    bytes per padded element) and its SIDCo stream room. The next call allocates afresh."""
+    _rooms.tensors = None
     lib = load()
     if lib is not None:
         lib.gc_release_scratch()

@@ -744,13 +744,12 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
 //         branch-free through the permutation table, ascending.
 // With w ≤ η₁ < b ≤ g ≤ η₂ (as float32) the second stage's statistics follow exactly from
 // mid and the stream's elements above η₁, and every later stage only looks at the pool.
+// One block's stream is written to idx32/val from k on and the new k returned. The stores
+// are 8 lanes wide whatever the hits: they stay inside the room of the elements read so
+// far plus the 8 being read, when the thread's stream starts at its first element.
 template <bool SQ>
-void block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
-                Partial& all, Partial& mid, Hits<float>& out) {
-  out.ensure(out.size + (hi - lo) + 16);
-  int64_t k = out.size;
-  int32_t* idx32 = out.idx32();
-  float* val = out.val;
+int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
+                   Partial& all, Partial& mid, int32_t* idx32, float* val, int64_t k) {
   const double shift = SQ ? static_cast<double>(b) : 0.0;
   v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;     // all
   v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
@@ -826,39 +825,68 @@ void block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float 
     val[k] = af;
     k += (af >= w && af < b) || af > g;
   }
-  out.size = k;
 #if defined(__AVX2__)
   all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQ ? q : 0.0;
   all.max = -1; all.min = INFINITY; all.nonzero = 0;
 #endif
   mid.count = static_cast<double>(cnt); mid.sum = ms; mid.sumsq = SQ ? mq : 0.0;
+  return k;
 }
 
 // out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with `squares`);
 // out[7..9]: mid's count, Σ (Σ|x|, or Σz with `squares`) and Σz² (with `squares`).
-void* sidco_spec(const float* x, int64_t n, int threads, int squares, double w, double b,
-                 double g, double* out, int64_t* total) {
-  const int nth = std::max(1, threads);
+// The stream is written straight into idx32/val (room for n each) and read there by the
+// caller, as idx32[0, *total): no per-thread buffers to copy it out of. Thread t writes its
+// stream forwards from R_t, the first of its elements (room for all of them is there);
+// then each thread's run is moved down to follow the one before: by all threads at once
+// where the run's new place does not overlap its old one (a stream of less than about half
+// the elements), else by one memmove. Returns 0, or -1 when no memory could be had.
+int sidco_spec(const float* x, int64_t n, int threads, int squares, double w, double b,
+               double g, int32_t* idx32, float* val, double* out, int64_t* total) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
+  const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
   const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
-  return run_selection<float>(nth, nullptr, total, [&](Selection<float>& sel, std::vector<int>&) {
-    std::vector<Partial> all(blocks), mid(blocks);
-    parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
-      Hits<float>& h = sel.parts[tid];
-      h.values = true;
-      h.narrow = true;
-      h.ensure(std::max<int64_t>(1024, n / (8 * nth)));
+  std::vector<Partial> all, mid;
+  std::vector<int64_t> first(nth), count(nth);  // each thread's run
+  try {
+    all.resize(blocks);
+    mid.resize(blocks);
+    parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int t) {
+      const int64_t r0 = b0 * BLOCK;
+      int64_t k = r0;
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
-        if (squares) block_spec<true>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], h);
-        else block_spec<false>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], h);
+        k = squares ? block_spec<true>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k)
+                    : block_spec<false>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k);
       }
+      first[t] = r0;
+      count[t] = k - r0;
     });
-    write_total(all, out);
-    double m[7];
-    write_total(mid, m);
-    out[7] = m[0]; out[8] = m[1]; out[9] = m[2];
-  });
+  } catch (...) {
+    return -1;
+  }
+  int64_t end = count[0];
+  for (int t = 1; t < nth; ++t) {
+    const int64_t from = first[t], len = count[t];
+    if (len && from != end) {
+      if (end + len <= from) {
+        parallel_range(len, nth, [&](int64_t a, int64_t e) {
+          std::memcpy(idx32 + end + a, idx32 + from + a, (e - a) * sizeof(int32_t));
+          std::memcpy(val + end + a, val + from + a, (e - a) * sizeof(float));
+        });
+      } else {
+        std::memmove(idx32 + end, idx32 + from, len * sizeof(int32_t));
+        std::memmove(val + end, val + from, len * sizeof(float));
+      }
+    }
+    end += len;
+  }
+  *total = end;
+  write_total(all, out);
+  double m[7];
+  write_total(mid, m);
+  out[7] = m[0]; out[8] = m[1]; out[9] = m[2];
+  return 0;
 }
 
 // DGC/DRAGONN's threshold sample without a positions tensor: out[i] = |x[p_i]| with
@@ -1146,7 +1174,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 9; }
+int gc_abi_version() { return 10; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1185,9 +1213,9 @@ void gc_release_scratch() {
   pool_bufs.clear();
 }
 
-void* gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, double w,
-                        double b, double g, double* out, int64_t* total) {
-  return sidco_spec(x, n, threads, squares, w, b, g, out, total);
+int gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, double w, double b,
+                      double g, int32_t* idx32, float* val, double* out, int64_t* total) {
+  return sidco_spec(x, n, threads, squares, w, b, g, idx32, val, out, total);
 }
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
