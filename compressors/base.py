@@ -364,7 +364,7 @@ class Sparsifier(Compressor):
         if isinstance(chosen, tuple):
             chosen, extra = chosen
         indices = chosen.to(index_dtype(numel))
-        values = acc[indices]
+        values = acc.index_select(0, indices)  # (not acc[indices]: 2x slower on cold lines)
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
         aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
                                 out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,

@@ -137,7 +137,7 @@ class RandomK(Compressor):
         g = torch.Generator(device=acc.device)
         g.manual_seed(ctx.shared_seed)
         indices = random_subset(numel, k, g, acc.device).to(index_dtype(numel))
-        wire = acc[indices]
+        wire = acc.index_select(0, indices)
         if self.unbiased:
             wire.mul_(numel / k)
         # The allreduce overwrites `wire` in place: keep this worker's own copy.

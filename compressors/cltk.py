@@ -60,7 +60,7 @@ class CyclicLocalTopK(Compressor):
         if ctx.world_size > 1:
             indices = yield Broadcast(indices, src=ctx.leader)
         indices_long = indices.long()
-        values = acc[indices_long]
+        values = acc.index_select(0, indices_long)
         total = yield AllReduce(values.clone())
         if ctx.world_size > 1:
             total.div_(ctx.world_size)
