@@ -426,6 +426,46 @@ def test_scatter_mean_equals_index_add_then_divide(n, m, divisor, index_dtype, d
     assert torch.equal(out, expected)
 
 
+def _ranks_payload(n: int, ranks: int, k: int, seed: int, dtype: torch.dtype):
+    """`ranks` ascending selections of about k indices each (as a threshold sparsifier
+    sends them), concatenated: one ascending run per rank, overlapping across ranks, with
+    an index repeated inside a rank too; values of mixed scale."""
+    g = torch.Generator().manual_seed(seed)
+    runs = []
+    for _ in range(ranks):
+        run = torch.randint(0, n, (k,), generator=g).sort().values
+        run[1::7] = run[0::7][: run[1::7].numel()]  # repeats, still ascending
+        runs.append(run)
+    idx = torch.cat(runs)
+    val = torch.randn(idx.numel(), generator=g, dtype=torch.float64) * torch.exp(
+        4 * torch.randn(idx.numel(), generator=g, dtype=torch.float64))
+    return idx, val.to(dtype)
+
+
+@needs_native
+@pytest.mark.parametrize("n, ranks, k", [
+    (1000, 2, 300), (65_537, 3, 5000), (300_007, 8, 4000),
+    (300_007, 64, 50),  # as many runs as are merged (MERGE_RUNS)
+    (300_007, 65, 50),  # one more: counted and sorted by region instead
+    (2_200_001, 4, 20_000),  # above 8 MiB of float32: written with streaming stores
+])
+@pytest.mark.parametrize("divisor", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_scatter_mean_of_ascending_runs_equals_index_add(n, ranks, k, divisor, dtype, threads):
+    """The K ranks' ascending selections are merged region by region, a cursor per run, runs
+    in order: bit for bit torch's zero_, index_add_ and div_ (an element's additions keep
+    the pairs' order, across ranks and within one)."""
+    idx, val = _ranks_payload(n, ranks, k, seed=n + ranks, dtype=dtype)
+    expected = torch.zeros(n, dtype=dtype).index_add_(0, idx, val)
+    if divisor > 1:
+        expected.div_(divisor)
+    out = torch.full((n,), float("nan"), dtype=dtype)
+    got = with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
+    assert got is out
+    assert torch.equal(out, expected)
+
+
 @needs_native
 def test_scatter_mean_refuses_a_bad_index_before_writing():
     idx = torch.tensor([0, 5, 10, 3], dtype=torch.int32)

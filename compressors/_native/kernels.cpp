@@ -960,16 +960,143 @@ int all_finite(const T* x, int64_t n, int threads) {
 // Batched sparse decoding (compressors.base.sparse_mean on the CPU): out[0, n) = 0, then
 // out[idx[j]] += val[j] for j = 0, 1, ... in order, then out /= divisor (when above 1):
 // the same additions in the same order as torch's index_add_, and the same true division
-// as its div_, so the same bits. The zeroing is one streaming write (memset of large
-// blocks does not read the lines first). The pairs are put in region order by a stable
-// counting sort (each thread counts and places its own share, shares in order) and added
-// one region of REGION elements at a time, so the writes walk the tensor forwards instead
-// of at random, and each region's touched elements are divided while they are in cache,
-// each once (a bitmap of the region marks them). Only they need it: the rest hold +0.0,
-// and +0.0 / divisor is +0.0. Returns -1, or the position of the first index outside
-// [0, n) (then nothing has been written).
+// as its div_, so the same bits. The pairs are visited region by region (REGION elements
+// each): where they form at most MERGE_RUNS ascending runs (each rank's selection is one
+// for every threshold sparsifier) by a cursor per run, runs in order; else after a stable
+// counting sort by region (each thread counts and places its own share, shares in order).
+// Either way an element's additions keep their pair order. Each region is built in a
+// thread's zeroed scratch, which stays in L2: its pairs added, its touched elements
+// divided, each once (a bitmap marks them; the rest hold +0.0, and +0.0 / divisor is
+// +0.0), and the region written to out in one pass, with non-temporal stores for a large
+// out (no read of its lines first), after which the touched elements of the scratch are
+// zeroed again. So out is written once and never read: the additions hit L2 instead of
+// lines of out that a zeroing pass has already pushed out of the cache. Returns -1, or the
+// position of the first index outside [0, n) (then nothing has been written).
+// bytes (a multiple of the element size) from src to dst: with `stream`, non-temporal
+// 32-byte stores where dst is 32-byte aligned (both are, region by region, for torch's
+// allocations), the rest by memcpy.
+inline void copy_out(void* dst, const void* src, int64_t bytes, bool stream) {
+#if defined(__AVX__)
+  if (stream && (reinterpret_cast<uintptr_t>(dst) & 31) == 0) {
+    const int64_t vec = bytes & ~int64_t(31);
+    auto* d = static_cast<__m256i*>(dst);
+    const auto* s = static_cast<const __m256i*>(src);
+    for (int64_t i = 0; i < vec / 32; ++i) _mm256_stream_si256(d + i, _mm256_loadu_si256(s + i));
+    std::memcpy(static_cast<char*>(dst) + vec, static_cast<const char*>(src) + vec, bytes - vec);
+    return;
+  }
+#endif
+  (void)stream;
+  std::memcpy(dst, src, bytes);
+}
+
 constexpr int REGION_BITS = 16;
 constexpr int64_t REGION = int64_t(1) << REGION_BITS;
+
+// Scratch from the pool, back to it however the caller returns.
+struct PoolScratch {
+  Buf b;
+  PoolScratch() = default;
+  PoolScratch(PoolScratch&& o) noexcept : b(o.b) { o.b = Buf(); }
+  ~PoolScratch() { pool_give(b); }
+};
+
+// Up to this many ascending runs in the pairs (each rank's selection is one, ascending)
+// are merged region by region instead of counting-sorted.
+constexpr int64_t MERGE_RUNS = 64;
+
+// The regions [0, regions) of out built and written by `parts` threads, each a contiguous
+// range of them: pairs.start(r0) gives a walk whose each(r, f) calls f(position in the
+// region, value) for region r's pairs in pair order, regions asked for in increasing order
+// from r0 (a copy of a walk replays from where it was copied).
+template <typename T, typename Pairs>
+void write_regions(T* out, int64_t n, int64_t regions, double divisor, int parts,
+                   std::vector<PoolScratch>& bufs, Pairs&& pairs) {
+  const bool stream = n * static_cast<int64_t>(sizeof(T)) >= (int64_t(8) << 20);
+  const T d = static_cast<T>(divisor);
+  run_parts(parts, [&](int t) {
+    T* buf = static_cast<T*>(bufs[t].b.p);
+    std::memset(buf, 0, REGION * sizeof(T));
+    std::vector<uint64_t> done(divisor > 1.0 ? REGION / 64 : 0, 0);
+    const int64_t r0 = regions * t / parts, r1 = regions * (t + 1) / parts;
+    auto walk = pairs.start(r0);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t base = r << REGION_BITS, len = std::min(REGION, n - base);
+      const auto from = walk;
+      walk.each(r, [&](uint32_t e, T v) { buf[e] += v; });
+      if (divisor > 1.0) {
+        auto again = from;
+        again.each(r, [&](uint32_t e, T) {
+          const uint64_t bit = uint64_t(1) << (e & 63);
+          if (!(done[e >> 6] & bit)) {
+            done[e >> 6] |= bit;
+            buf[e] = buf[e] / d;
+          }
+        });
+      }
+      copy_out(out + base, buf, len * static_cast<int64_t>(sizeof(T)), stream);
+      auto clear = from;  // the scratch back to zeros (and the bitmap to none)
+      if (divisor > 1.0)
+        clear.each(r, [&](uint32_t e, T) { buf[e] = T(0); done[e >> 6] = 0; });
+      else
+        clear.each(r, [&](uint32_t e, T) { buf[e] = T(0); });
+    }
+#if defined(__AVX__)
+    if (stream) _mm_sfence();  // the streamed lines are visible before the join
+#endif
+  });
+}
+
+// Region walks over the pairs: cursors into ascending runs (merged, runs in order), or
+// the counting sort's region-major arrays.
+template <typename T, typename I>
+struct RunWalk {
+  const I* idx; const T* val;
+  const std::vector<int64_t>* bounds;  // run k is [bounds[k], bounds[k + 1])
+  std::vector<int64_t> at;
+  template <typename F>
+  void each(int64_t r, F&& f) {
+    const int64_t end = (r + 1) << REGION_BITS;
+    const size_t runs = bounds->size() - 1;
+    for (size_t k = 0; k < runs; ++k) {
+      int64_t j = at[k];
+      const int64_t stop = (*bounds)[k + 1];
+      for (; j < stop && static_cast<int64_t>(idx[j]) < end; ++j)
+        f(static_cast<uint32_t>(static_cast<int64_t>(idx[j]) & (REGION - 1)), val[j]);
+      at[k] = j;
+    }
+  }
+};
+
+template <typename T, typename I>
+struct RunPairs {
+  const I* idx; const T* val;
+  const std::vector<int64_t>* bounds;
+  RunWalk<T, I> start(int64_t r0) const {
+    RunWalk<T, I> w{idx, val, bounds, {}};
+    const int64_t from = r0 << REGION_BITS;
+    for (size_t k = 0; k + 1 < bounds->size(); ++k)  // first pair of the run at or after r0
+      w.at.push_back(std::lower_bound(idx + (*bounds)[k], idx + (*bounds)[k + 1], from,
+                                      [](I a, int64_t v) { return static_cast<int64_t>(a) < v; })
+                     - idx);
+    return w;
+  }
+};
+
+template <typename T>
+struct SortedWalk {
+  const uint32_t* local; const T* sorted; const int64_t* first;  // region r: [first[r], first[r + 1])
+  template <typename F>
+  void each(int64_t r, F&& f) {
+    for (int64_t j = first[r]; j < first[r + 1]; ++j) f(local[j], sorted[j]);
+  }
+};
+
+template <typename T>
+struct SortedPairs {
+  const uint32_t* local; const T* sorted; const int64_t* first;
+  SortedWalk<T> start(int64_t) const { return {local, sorted, first}; }
+};
 
 template <typename T, typename I>
 int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, double divisor,
@@ -977,20 +1104,38 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
   const int64_t regions = (n + REGION - 1) >> REGION_BITS;
   // Sharing the pairs only pays when there are many of them.
   const int pt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, m >> 15)));
+  // One read of the indices: bounds, each region's count per share, and where an
+  // ascending run ends (a descent), up to MERGE_RUNS of them per share.
   std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0), first_bad(pt, -1);
+  std::vector<std::vector<int64_t>> descents(pt);
   run_parts(pt, [&](int t) {
     int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
-    for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j) {
+    std::vector<int64_t>& down = descents[t];
+    const int64_t j0 = m * t / pt, e = m * (t + 1) / pt;
+    int64_t prev = j0 > 0 ? static_cast<int64_t>(idx[j0 - 1]) : 0;
+    for (int64_t j = j0; j < e; ++j) {
       const int64_t i = static_cast<int64_t>(idx[j]);
       if (i < 0 || i >= n) {
         first_bad[t] = j;
         return;
       }
       ++c[i >> REGION_BITS];
+      if (i < prev && static_cast<int64_t>(down.size()) <= MERGE_RUNS) down.push_back(j);
+      prev = i;
     }
   });
   for (int64_t b : first_bad)
     if (b >= 0) return b;
+  const int parts = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, regions)));
+  std::vector<PoolScratch> bufs(parts);  // had before anything is written to out
+  for (PoolScratch& sb : bufs) grow(sb.b, REGION * sizeof(T));
+  std::vector<int64_t> bounds{0};
+  for (const auto& down : descents) bounds.insert(bounds.end(), down.begin(), down.end());
+  bounds.push_back(m);
+  if (static_cast<int64_t>(bounds.size()) - 1 <= MERGE_RUNS) {
+    write_regions(out, n, regions, divisor, parts, bufs, RunPairs<T, I>{idx, val, &bounds});
+    return -1;
+  }
   // Exclusive offsets, region-major and share order within a region: start[r] is where
   // region r's pairs begin; counts become each share's next write position.
   std::vector<int64_t> start(regions + 1);
@@ -1005,10 +1150,7 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
     }
   }
   start[regions] = at;
-  struct Scratch {  // back to the pool however this returns
-    Buf b;
-    ~Scratch() { pool_give(b); }
-  } bl, bv;
+  PoolScratch bl, bv;
   grow(bl.b, std::max<int64_t>(m, 1) * sizeof(uint32_t));
   grow(bv.b, std::max<int64_t>(m, 1) * sizeof(T));
   auto* local = static_cast<uint32_t*>(bl.b.p);  // position within the region
@@ -1022,29 +1164,7 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
       sorted[w] = val[j];
     }
   });
-  parallel_range(n, threads, [&](int64_t a, int64_t b) {
-    std::memset(out + a, 0, static_cast<size_t>(b - a) * sizeof(T));
-  });
-  const T d = static_cast<T>(divisor);
-  parallel_range(regions, threads, [&](int64_t r0, int64_t r1) {
-    std::vector<uint64_t> done(divisor > 1.0 ? REGION / 64 : 0, 0);
-    for (int64_t r = r0; r < r1; ++r) {
-      T* o = out + (r << REGION_BITS);
-      const int64_t j0 = start[r], j1 = start[r + 1];
-      for (int64_t j = j0; j < j1; ++j) o[local[j]] += sorted[j];
-      if (divisor > 1.0) {
-        for (int64_t j = j0; j < j1; ++j) {
-          const uint32_t e = local[j];
-          const uint64_t bit = uint64_t(1) << (e & 63);
-          if (!(done[e >> 6] & bit)) {
-            done[e >> 6] |= bit;
-            o[e] = o[e] / d;
-          }
-        }
-        for (int64_t j = j0; j < j1; ++j) done[local[j] >> 6] = 0;
-      }
-    }
-  });
+  write_regions(out, n, regions, divisor, parts, bufs, SortedPairs<T>{local, sorted, start.data()});
   return -1;
 }
 
