@@ -1120,7 +1120,8 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
         return;
       }
       ++c[i >> REGION_BITS];
-      if (i < prev && static_cast<int64_t>(down.size()) <= MERGE_RUNS) down.push_back(j);
+      // (the count first: once past it, the branch is always taken the same way)
+      if (static_cast<int64_t>(down.size()) <= MERGE_RUNS && i < prev) down.push_back(j);
       prev = i;
     }
   });
