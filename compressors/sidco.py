@@ -284,8 +284,10 @@ class _SIDCo(ThresholdSparsifier):
         bounds = self._speculation_bounds(acc, ratios, ctx)
         spec = None
         if bounds is not None:
-            st, *rest = _native.sidco_spec(acc, *bounds, squares=first == "gpareto",
-                                           room=_native.stream_room(acc.numel()))
+            # Σ squares for a GP first stage or mid's GP fit; logs for a gamma first stage
+            st, *rest = _native.sidco_spec(
+                acc, *bounds, squares=first == "gpareto" or self.later_fit != "exponential",
+                logs=first == "gamma", room=_native.stream_room(acc.numel()))
             spec = _Speculative(*bounds, *rest)
         else:
             st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
@@ -361,12 +363,11 @@ class _SIDCo(ThresholdSparsifier):
         """(window, upper, pool_above) for _native.sidco_spec around this step's guess of
         the first two thresholds, or None: no speculation on the first steps, after a
         change of the stage ratios, when the last guess would not have held (thresholds
-        on the move: a miss costs more than the plain reads), for the gamma first stage
-        and for other inputs than contiguous CPU float32 below 2^31 elements."""
+        on the move: a miss costs more than the plain reads), and for other inputs than
+        contiguous CPU float32 below 2^31 elements."""
         history = ctx.state.get("speculation")
         if (history is None or not history["would_hold"] or len(ratios) < 2
-                or history["ratios"] != tuple(ratios[:2]) or self.first_fit == "gamma"
-                or acc.dtype != torch.float32 or acc.device.type != "cpu"
+                or history["ratios"] != tuple(ratios[:2]) or acc.dtype != torch.float32 or acc.device.type != "cpu"
                 or not acc.is_contiguous() or acc.numel() >= _native.NARROW_LIMIT):
             return None
         first, second = _guess(history["thresholds"])

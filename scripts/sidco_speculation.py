@@ -4,7 +4,7 @@ two thresholds, within SPECULATION_MARGIN; where the new thresholds land outside
 second and third reads run as before, with the same selection).
 
     python scripts/sidco_speculation.py [--task cifar10_resnet20] [--size paper]
-        [--compressor sidco_e,sidco_gp] [--ratio 0.001] [--workers 2] [--steps 60]
+        [--compressor sidco_e,sidco_gp,sidco_p] [--ratio 0.001] [--workers 2] [--steps 60]
         [--min-numel 100000]
 
 Trains the task's model on its offline data with n simulated workers: per step every
@@ -82,7 +82,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="cifar10_resnet20")
     parser.add_argument("--size", default="paper")
-    parser.add_argument("--compressor", default="sidco_e,sidco_gp")
+    parser.add_argument("--compressor", default="sidco_e,sidco_gp,sidco_p")
     parser.add_argument("--ratio", type=float, default=0.001)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--steps", type=int, default=60)

@@ -32,10 +32,11 @@ def _f32(v: float) -> float:
 @pytest.mark.parametrize("n, threads", [(5, 1), (5, 2), (1000, 2), (2**15 + 13, 2),
                                         (300_001, 1), (300_001, 2), (600_007, 3),
                                         (600_007, 4)])
-@pytest.mark.parametrize("squares", [False, True])
+@pytest.mark.parametrize("squares, logs", [(False, False), (True, False), (True, True)])
 @pytest.mark.parametrize("share", ["narrow", "wide"])
-def test_kernel_matches_its_definition(n, threads, squares, share):
-    """The first statistics equal gc_stats' bit for bit; mid's count is exact and its
+def test_kernel_matches_its_definition(n, threads, squares, logs, share):
+    """The first statistics equal gc_stats' bit for bit (with `logs`, the nonzeros and
+    Σ ln|x| the gamma fit reads too); mid's count is exact and its
     sums equal float64 sums; the stream is {w ≤ |x| < b} ∪ {|x| > g}, ascending, with
     |x|; bounds equal to elements (ties) compare as torch compares in float32. Each
     thread writes its part of the stream where its elements start, then the parts are
@@ -48,9 +49,12 @@ def test_kernel_matches_its_definition(n, threads, squares, share):
     w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in bounds)
     b = b + 1e-12  # not a float32: rounded as torch rounds it
     first, mid, idx, val = with_threads(
-        threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares))
-    plain = _native.stats(x, squares=squares)
+        threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares, logs=logs))
+    plain = _native.stats(x, squares=squares, logs=logs)
     assert (first.count, first.sum, first.sumsq) == (plain.count, plain.sum, plain.sumsq)
+    if logs:
+        assert (first.nonzero, first.log_sum) == (plain.nonzero, plain.log_sum)
+        assert first.nonzero == int((x != 0).sum()) < n
     wf, bf, gf = _f32(w), _f32(b), _f32(g)
     in_mid = (mag >= bf) & (mag <= gf)
     assert mid.count == int(in_mid.sum())
@@ -117,7 +121,7 @@ def _reference_indices(monkeypatch, name: str, x: torch.Tensor) -> torch.Tensor:
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 @pytest.mark.parametrize("case, scale1, scale2, expected", [
     ("hit", 1.0, 1.0, True),
     ("first threshold above the window", 1 / (1 + 2 * SPECULATION_MARGIN), 1.0, False),
@@ -146,7 +150,7 @@ def test_selection_is_the_reference_one_whatever_the_guess(monkeypatch, name, ca
 
 
 @needs_native
-@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 def test_speculation_follows_growing_thresholds_and_stops_after_a_miss(monkeypatch, name):
     """Thresholds that grow by a steady factor are guessed from the last two steps (the
     speculation holds from the third step on); after a jump it is not tried until a guess
@@ -168,10 +172,10 @@ def test_speculation_follows_growing_thresholds_and_stops_after_a_miss(monkeypat
 
 @needs_native
 def test_no_speculation_for_inputs_it_does_not_take():
-    """float64 inputs, and the gamma first stage (SIDCo-P), keep the plain reads."""
-    for name, dtype in (("sidco_e", torch.float64), ("sidco_p", torch.float32)):
+    """float64 inputs keep the plain reads."""
+    for name in ("sidco_e", "sidco_p"):
         session = _session(name)
-        x = _laplace(100_003, seed=7).to(dtype)
+        x = _laplace(100_003, seed=7).double()
         for step in range(4):
             _indices(session, x, step)
             assert session.states["g"]["compressor"]["speculated"] is None

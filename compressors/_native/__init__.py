@@ -41,7 +41,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 10
+ABI_VERSION = 11
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -177,7 +177,7 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_pool_begin_f32.restype = _P
     lib.gc_add_signs.argtypes = [_P, ctypes.c_int, _P, _C_INT64, _P, _C_INT64, _P, ctypes.c_int]
     lib.gc_add_signs.restype = None
-    lib.gc_sidco_spec_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_int,
+    lib.gc_sidco_spec_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
                                       _P, _P, ctypes.POINTER(_C_INT64)]
     lib.gc_sidco_spec_f32.restype = ctypes.c_int
@@ -411,11 +411,12 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
 
 
 def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
-               squares: bool = False, room: tuple[torch.Tensor, torch.Tensor] | None = None,
+               squares: bool = False, logs: bool = False,
+               room: tuple[torch.Tensor, torch.Tensor] | None = None,
                ) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
-    elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...)
-    gives them bit for bit; `mid`: count, Σz and Σz² of z = |x| − upper over upper ≤ |x| ≤
+    elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...,
+    logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count, Σz and Σz² of z = |x| − upper over upper ≤ |x| ≤
     pool_above, where `upper` is rounded to float32 first; the int32 positions and the |x|
     of the stream, ascending: window ≤ |x| < upper, and |x| > pool_above). The bounds
     compare in float32 as torch does; window ≤ upper ≤ pool_above. One read pass.
@@ -439,9 +440,9 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                         f"{val.dtype} × {val.numel()}")
     out = (ctypes.c_double * 10)()
     total = _C_INT64(0)
-    if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), int(squares), float(window),
-                                float(upper), float(pool_above), idx.data_ptr(),
-                                val.data_ptr(), out, ctypes.byref(total)):
+    if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), int(squares), int(logs),
+                                float(window), float(upper), float(pool_above),
+                                idx.data_ptr(), val.data_ptr(), out, ctypes.byref(total)):
         raise MemoryError("native sidco_spec could not allocate its partial sums")
     first = Stats.of(out)
     mid = Stats(int(out[7]), out[8], out[9], -1.0, math.inf, 0, 0.0)

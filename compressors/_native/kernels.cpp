@@ -833,7 +833,20 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   return k;
 }
 
-// out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with `squares`);
+// #{|x| > 0} of a float32 stretch (the predicate of block_all_f32's nonzero count).
+inline int64_t count_nonzero(const float* x, int64_t n) {
+  const v8f zero = {0, 0, 0, 0, 0, 0, 0, 0};
+  v8i c = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) c -= vabs8(load8(x + i)) > zero;
+  int64_t total = 0;
+  for (int l = 0; l < 8; ++l) total += c[l];
+  for (; i < n; ++i) total += std::fabs(x[i]) > 0.0f;
+  return total;
+}
+
+// out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with `squares`,
+// nonzeros and Σ ln|x| with `logs`);
 // out[7..9]: mid's count, Σ (Σ|x|, or Σz with `squares`) and Σz² (with `squares`).
 // The stream is written straight into idx32/val (room for n each) and read there by the
 // caller, as idx32[0, *total): no per-thread buffers to copy it out of. Thread t writes its
@@ -841,8 +854,8 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 // then each thread's run is moved down to follow the one before: by all threads at once
 // where the run's new place does not overlap its old one (a stream of less than about half
 // the elements), else by one memmove. Returns 0, or -1 when no memory could be had.
-int sidco_spec(const float* x, int64_t n, int threads, int squares, double w, double b,
-               double g, int32_t* idx32, float* val, double* out, int64_t* total) {
+int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, double w,
+               double b, double g, int32_t* idx32, float* val, double* out, int64_t* total) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
   const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
@@ -858,6 +871,10 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, double w, do
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
         k = squares ? block_spec<true>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k)
                     : block_spec<false>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k);
+        if (logs) {  // the gamma fit's nonzeros and Σ ln|x|, as gc_stats has them (in cache)
+          all[blk].log_sum = block_log_sum(x + lo, hi - lo);
+          all[blk].nonzero = static_cast<double>(count_nonzero(x + lo, hi - lo));
+        }
       }
       first[t] = r0;
       count[t] = k - r0;
@@ -1295,7 +1312,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 10; }
+int gc_abi_version() { return 11; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1334,9 +1351,10 @@ void gc_release_scratch() {
   pool_bufs.clear();
 }
 
-int gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, double w, double b,
-                      double g, int32_t* idx32, float* val, double* out, int64_t* total) {
-  return sidco_spec(x, n, threads, squares, w, b, g, idx32, val, out, total);
+int gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, int logs, double w,
+                      double b, double g, int32_t* idx32, float* val, double* out,
+                      int64_t* total) {
+  return sidco_spec(x, n, threads, squares, logs, w, b, g, idx32, val, out, total);
 }
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
