@@ -1033,7 +1033,7 @@ void write_regions(T* out, int64_t n, int64_t regions, double divisor, int parts
   const T d = static_cast<T>(divisor);
   run_parts(parts, [&](int t) {
     T* buf = static_cast<T*>(bufs[t].b.p);
-    std::memset(buf, 0, REGION * sizeof(T));
+    std::memset(buf, 0, std::min(REGION, n) * sizeof(T));  // (a small out uses less)
     std::vector<uint64_t> done(divisor > 1.0 ? REGION / 64 : 0, 0);
     const int64_t r0 = regions * t / parts, r1 = regions * (t + 1) / parts;
     auto walk = pairs.start(r0);
