@@ -98,6 +98,36 @@ def test_stats_match_float64_reductions(dtype):
                                     _native.stats(x, squares=True).sumsq)
 
 
+@needs_native
+def test_float32_log_sum_from_the_bits_at_the_edges_of_the_range():
+    """float32's Σ ln|x| is taken from the float bits (exponent fields added, mantissas
+    multiplied); blocks with subnormals, infinities or NaNs take the widening loop. Every
+    block (32768 elements), each kind of tail, and the speculative read's nonzero count
+    agree with float64 sums of logs."""
+    block = 2**15
+    x = _laplace(4 * block + 21, torch.float32, seed=9)
+    x[block:2 * block:5] = 0.0                                   # zeros: add nothing
+    x[2 * block + 100] = 1e-40                                   # a subnormal in block 2
+    x[2 * block + 101] = -torch.finfo(torch.float32).tiny        # smallest normal
+    x[3 * block:4 * block] = torch.tensor(1.9999999, dtype=torch.float32) * 2.0**100
+    x[3 * block + 7] = torch.finfo(torch.float32).max            # largest finite
+    x[-3:] = torch.tensor([3e-39, 0.0, -7.5])                    # a subnormal in the tail
+    a = x.abs().double()
+    for lo, hi in ((0, x.numel()), (0, block), (block, 2 * block), (2 * block, 3 * block),
+                   (3 * block, 4 * block), (4 * block, x.numel()), (5, 37)):
+        part, ref = x[lo:hi], a[lo:hi]
+        st = _native.stats(part, logs=True)
+        assert st.log_sum == pytest.approx(float(ref[ref > 0].log().sum()), rel=1e-12), (lo, hi)
+        assert st.nonzero == int((ref > 0).sum())
+        first, _, _, _ = _native.sidco_spec(part, 1.0, 2.0, 3.0, logs=True)
+        assert (first.nonzero, first.log_sum) == (st.nonzero, st.log_sum)
+    y = x.clone()
+    y[block + 3] = float("nan")  # that block is summed wide, the NaN left out (not > 0)
+    r = y.abs().double()
+    assert _native.stats(y, logs=True).log_sum == pytest.approx(
+        float(r[r > 0].log().sum()), rel=1e-12)
+
+
 # -- compressors: native path == reference path ------------------------------------------
 
 def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
