@@ -1,0 +1,128 @@
+"""Encode times of two builds of the native library side by side in one process
+(results/bench/README.md, "Ninth session").
+
+    python scripts/bench_native_ab.py --old-rev HEAD~1 [--new-rev WORKTREE]
+        [--compressor sidco_p,sidco_e] [--numel 26M] [--steps 26] [--json FILE]
+
+Each revision's compressors/_native sources (WORKTREE: the files as they are now) are
+compiled with the flags the package uses into a temporary folder; both libraries are
+loaded, and one single-worker Session per library (no error feedback, no NaN/Inf check, as
+`repro bench` times encoders) compresses the same Laplace tensor step after step, the
+library swapped in before each call and the order of the two alternating from step to
+step. Medians over the steps after the first three, and the floor (a sum of a precomputed
+|x|) timed between them. Both builds must have the ABI version of the checkout."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import compressors
+from compressors import Session, _native
+from repro import bench, sources
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _numel(text: str) -> int:
+    text = text.upper()
+    return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
+
+
+def build(rev: str, folder: Path) -> ctypes.CDLL:
+    """The library compiled from `rev`'s sources (WORKTREE: the files on disk)."""
+    src = folder / rev.replace("/", "_").replace("~", "-")
+    src.mkdir()
+    for name in _native.SOURCES + _native.HEADERS:
+        path = f"compressors/_native/{name}"
+        if rev == "WORKTREE":
+            text = (ROOT / path).read_bytes()
+        else:
+            text = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True,
+                                  capture_output=True).stdout
+        (src / name).write_bytes(text)
+    compiler = _native._compiler()
+    if compiler is None:
+        raise SystemExit("no C++ compiler found (set CXX, or install g++)")
+    target = src / "lib.so"
+    cmd = [compiler, *_native._BASE_FLAGS, "-march=native", "-fopenmp",
+           *(str(src / name) for name in _native.SOURCES), "-o", str(target)]
+    subprocess.run(cmd, check=True)
+    lib = ctypes.CDLL(str(target))
+    _native._declare(lib)
+    if lib.gc_abi_version() != _native.ABI_VERSION:
+        raise SystemExit(f"{rev}: ABI version {lib.gc_abi_version()}, this checkout's is "
+                         f"{_native.ABI_VERSION}: compare revisions with the same ABI")
+    return lib
+
+
+def side_by_side(name: str, x: torch.Tensor, libs: dict, steps: int) -> dict:
+    magnitudes = x.abs()
+    dest = torch.empty_like(x)
+    sessions = {k: Session(compressors.build(name, ratio=0.001), feedback="none",
+                           check_finite=False, measure=False) for k in libs}
+    times: dict[str, list[float]] = {k: [] for k in (*libs, "floor")}
+    order = list(libs)
+    for step in range(steps):
+        for key in (order if step % 2 == 0 else order[::-1]):
+            _native._lib = libs[key]
+            _, encode, _ = bench.exchange_once(sessions[key], x, step, out=dest)
+            if step >= 3:
+                times[key].append(encode)
+        t0 = time.perf_counter()
+        torch.sum(magnitudes)
+        times["floor"].append(time.perf_counter() - t0)
+    ms = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+    return {"compressor": name, **{f"{k}_ms": v for k, v in ms.items()},
+            "old_over_new": ms["old"] / ms["new"], "new_over_floor": ms["new"] / ms["floor"],
+            "timed_steps": steps - 3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--old-rev", required=True)
+    parser.add_argument("--new-rev", default="WORKTREE")
+    parser.add_argument("--compressor", default="sidco_p,sidco_e")
+    parser.add_argument("--numel", default="26M")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=26)
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    if _native.load() is None:
+        raise SystemExit(f"native kernels unavailable: {_native.error()}")
+    names = args.compressor.split(",")
+    for name in names:
+        compressors.build(name, ratio=0.001)  # an unknown name fails before any build
+    torch.set_num_threads(args.threads)
+    x = sources.synthetic("laplace", _numel(args.numel), 1, 0, 0)[0]
+    rows = []
+    own = _native._lib
+    with tempfile.TemporaryDirectory() as tmp:
+        libs = {"old": build(args.old_rev, Path(tmp)), "new": build(args.new_rev, Path(tmp))}
+        print(f"old = {args.old_rev}, new = {args.new_rev}; {x.numel()} float32 elements, "
+              f"{args.threads} threads, medians of {args.steps - 3} steps")
+        try:
+            for name in names:
+                r = side_by_side(name, x, libs, args.steps)
+                rows.append(r)
+                print(f"{name}: old {r['old_ms']:.2f} ms, new {r['new_ms']:.2f} ms, old / new "
+                      f"{r['old_over_new']:.3f}; floor {r['floor_ms']:.2f} ms, new / floor "
+                      f"{r['new_over_floor']:.2f}", flush=True)
+        finally:
+            _native._lib = own
+    if args.json:
+        Path(args.json).write_text(json.dumps({"old": args.old_rev, "new": args.new_rev,
+                                               "threads": args.threads, "rows": rows},
+                                              indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
