@@ -451,12 +451,16 @@ def _ranks_payload(n: int, ranks: int, k: int, seed: int, dtype: torch.dtype):
 ])
 @pytest.mark.parametrize("divisor", [1, 3])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("threads", [1, 2, 3])
-def test_scatter_mean_of_ascending_runs_equals_index_add(n, ranks, k, divisor, dtype, threads):
+def test_scatter_mean_of_ascending_runs_equals_index_add(n, ranks, k, divisor, dtype,
+                                                         index_dtype, threads):
     """The K ranks' ascending selections are merged region by region, a cursor per run, runs
     in order: bit for bit torch's zero_, index_add_ and div_ (an element's additions keep
-    the pairs' order, across ranks and within one)."""
+    the pairs' order, across ranks and within one). The runs' ends are found a vector of
+    indices at a time, wherever they fall in one."""
     idx, val = _ranks_payload(n, ranks, k, seed=n + ranks, dtype=dtype)
+    idx = idx.to(index_dtype)
     expected = torch.zeros(n, dtype=dtype).index_add_(0, idx, val)
     if divisor > 1:
         expected.div_(divisor)
@@ -478,6 +482,26 @@ def test_scatter_mean_refuses_a_bad_index_before_writing():
     assert torch.equal(out, torch.full((10,), 7.0))
     with pytest.raises(TypeError, match="scatter_mean"):
         _native.scatter_mean(idx, val.double(), out, 1)  # values of another dtype
+
+
+@needs_native
+@pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scatter_mean_finds_the_first_bad_index_inside_a_vector(index_dtype, threads):
+    """Indices are checked a vector at a time: a bad one anywhere (either share of two
+    threads, any lane) is reported at its position, the first one in order, and nothing
+    is written."""
+    n, m = 100_000, 70_001
+    idx = torch.linspace(0, n - 1, m).long().to(index_dtype)
+    val = torch.ones(m)
+    out = torch.full((n,), 7.0)
+    for bad, where, want in (([n], [40_003], 40_003), ([-3], [60_001], 60_001),
+                             ([n + 5, -1], [50_002, 45_007], 45_007), ([n], [m - 1], m - 1)):
+        broken = idx.clone()
+        broken[where] = torch.tensor(bad, dtype=index_dtype)
+        with pytest.raises(IndexError, match=f"index {broken[want]} at position {want}"):
+            with_threads(threads, lambda: _native.scatter_mean(broken, val, out, 2))
+        assert torch.equal(out, torch.full((n,), 7.0))
 
 
 @needs_native

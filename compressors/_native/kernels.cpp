@@ -1167,7 +1167,7 @@ template <typename T, typename I>
 struct RunWalk {
   const I* idx; const T* val;
   const std::vector<int64_t>* bounds;  // run k is [bounds[k], bounds[k + 1])
-  std::vector<int64_t> at;
+  int64_t at[MERGE_RUNS];  // each run's next pair (a copy of the walk allocates nothing)
   template <typename F>
   void each(int64_t r, F&& f) {
     const int64_t end = (r + 1) << REGION_BITS;
@@ -1190,9 +1190,9 @@ struct RunPairs {
     RunWalk<T, I> w{idx, val, bounds, {}};
     const int64_t from = r0 << REGION_BITS;
     for (size_t k = 0; k + 1 < bounds->size(); ++k)  // first pair of the run at or after r0
-      w.at.push_back(std::lower_bound(idx + (*bounds)[k], idx + (*bounds)[k + 1], from,
-                                      [](I a, int64_t v) { return static_cast<int64_t>(a) < v; })
-                     - idx);
+      w.at[k] = std::lower_bound(idx + (*bounds)[k], idx + (*bounds)[k + 1], from,
+                                 [](I a, int64_t v) { return static_cast<int64_t>(a) < v; })
+                - idx;
     return w;
   }
 };
@@ -1212,32 +1212,59 @@ struct SortedPairs {
   SortedWalk<T> start(int64_t) const { return {local, sorted, first}; }
 };
 
+// An index vector's type and lanes (32 bytes: four int64 or eight int32 indices).
+template <typename I> struct IndexLanes;
+template <> struct IndexLanes<int64_t> { typedef v4l V; static constexpr int L = 4; };
+template <> struct IndexLanes<int32_t> { typedef v8i V; static constexpr int L = 8; };
+
 template <typename T, typename I>
 int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, double divisor,
                      int threads) {
   const int64_t regions = (n + REGION - 1) >> REGION_BITS;
   // Sharing the pairs only pays when there are many of them.
   const int pt = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, m >> 15)));
-  // One read of the indices: bounds, each region's count per share, and where an
-  // ascending run ends (a descent), up to MERGE_RUNS of them per share.
-  std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0), first_bad(pt, -1);
+  // One read of the indices: bounds, and where an ascending run ends (a descent), up to
+  // MERGE_RUNS + 1 of them per share. Checked a vector at a time (an index below zero, at
+  // or past n, or below the one before it); a vector where one is found is gone through
+  // again one index at a time.
+  std::vector<int64_t> first_bad(pt, -1);
   std::vector<std::vector<int64_t>> descents(pt);
   run_parts(pt, [&](int t) {
-    int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
     std::vector<int64_t>& down = descents[t];
     const int64_t j0 = m * t / pt, e = m * (t + 1) / pt;
-    int64_t prev = j0 > 0 ? static_cast<int64_t>(idx[j0 - 1]) : 0;
-    for (int64_t j = j0; j < e; ++j) {
-      const int64_t i = static_cast<int64_t>(idx[j]);
-      if (i < 0 || i >= n) {
-        first_bad[t] = j;
-        return;
+    auto one_by_one = [&](int64_t a, int64_t b) {  // false: a bad index (noted)
+      for (int64_t j = a; j < b; ++j) {
+        const int64_t i = static_cast<int64_t>(idx[j]);
+        if (i < 0 || i >= n) {
+          first_bad[t] = j;
+          return false;
+        }
+        if (j > 0 && i < static_cast<int64_t>(idx[j - 1]) &&
+            static_cast<int64_t>(down.size()) <= MERGE_RUNS)
+          down.push_back(j);
       }
-      ++c[i >> REGION_BITS];
-      // (the count first: once past it, the branch is always taken the same way)
-      if (static_cast<int64_t>(down.size()) <= MERGE_RUNS && i < prev) down.push_back(j);
-      prev = i;
+      return true;
+    };
+    typedef typename IndexLanes<I>::V V;
+    constexpr int L = IndexLanes<I>::L;
+    constexpr int64_t STEP = 4 * L;
+    const I top = static_cast<I>(std::min<int64_t>(n - 1, std::numeric_limits<I>::max()));
+    const V vtop = V{} + top, vzero = V{};
+    int64_t j = std::max<int64_t>(j0, 1);
+    if (!one_by_one(j0, std::min(j, e))) return;
+    for (; j + STEP <= e; j += STEP) {
+      V any = vzero;
+      for (int u = 0; u < 4; ++u) {
+        V cur, before;
+        std::memcpy(&cur, idx + j + u * L, sizeof cur);
+        std::memcpy(&before, idx + j + u * L - 1, sizeof before);
+        any |= (cur < before) | (cur < vzero) | (cur > vtop);
+      }
+      bool hit = false;
+      for (int l = 0; l < L; ++l) hit |= any[l] != 0;
+      if (hit && !one_by_one(j, j + STEP)) return;
     }
+    one_by_one(j, e);
   });
   for (int64_t b : first_bad)
     if (b >= 0) return b;
@@ -1251,8 +1278,15 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
     write_regions(out, n, regions, divisor, parts, bufs, RunPairs<T, I>{idx, val, &bounds});
     return -1;
   }
-  // Exclusive offsets, region-major and share order within a region: start[r] is where
-  // region r's pairs begin; counts become each share's next write position.
+  // Each region's count per share, then exclusive offsets, region-major and share order
+  // within a region: start[r] is where region r's pairs begin; counts become each share's
+  // next write position.
+  std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0);
+  run_parts(pt, [&](int t) {
+    int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
+    for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j)
+      ++c[static_cast<int64_t>(idx[j]) >> REGION_BITS];
+  });
   std::vector<int64_t> start(regions + 1);
   int64_t at = 0;
   for (int64_t r = 0; r < regions; ++r) {
