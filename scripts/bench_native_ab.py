@@ -2,7 +2,8 @@
 (results/bench/README.md, "Ninth session").
 
     python scripts/bench_native_ab.py --old-rev HEAD~1 [--new-rev WORKTREE]
-        [--compressor sidco_p,sidco_e] [--numel 26M] [--steps 26] [--json FILE]
+        [--compressor sidco_p,sidco_e] [--numel 26M] [--steps 26]
+        [--decode-workers 2,8,16 --decode-numel 16777216] [--json FILE]
 
 Each revision's compressors/_native sources (WORKTREE: the files as they are now) are
 compiled with the flags the package uses into a temporary folder; both libraries are
@@ -10,7 +11,10 @@ loaded, and one single-worker Session per library (no error feedback, no NaN/Inf
 `repro bench` times encoders) compresses the same Laplace tensor step after step, the
 library swapped in before each call and the order of the two alternating from step to
 step. Medians over the steps after the first three, and the floor (a sum of a precomputed
-|x|) timed between them. Both builds must have the ABI version of the checkout."""
+|x|) timed between them. With --decode-workers, also the batched sparse decode
+(_native.scatter_mean) of K ranks' ascending selections of δ = 0.001 of --decode-numel
+elements each, as dragonn-fig5b builds them. Both builds must have the ABI version of
+the checkout; `--compressor ''` times only the decode."""
 
 from __future__ import annotations
 
@@ -86,6 +90,32 @@ def side_by_side(name: str, x: torch.Tensor, libs: dict, steps: int) -> dict:
             "timed_steps": steps - 3}
 
 
+def decode_side_by_side(numel: int, workers: list[int], libs: dict, steps: int) -> list[dict]:
+    g = torch.Generator().manual_seed(0)
+    k = max(1, int(numel * 0.001))
+    payloads = {}
+    for K in workers:
+        idx = torch.cat([torch.randperm(numel, generator=g)[:k].sort().values for _ in range(K)])
+        payloads[K] = (idx, torch.randn(K * k, generator=g))
+    out = torch.empty(numel)
+    times = {(key, K): [] for key in libs for K in workers}
+    order = list(libs)
+    for step in range(steps):
+        for key in (order if step % 2 == 0 else order[::-1]):
+            _native._lib = libs[key]
+            for K, (idx, val) in payloads.items():
+                t0 = time.perf_counter()
+                _native.scatter_mean(idx, val, out, K)
+                if step >= 3:
+                    times[(key, K)].append(time.perf_counter() - t0)
+    rows = []
+    for K in workers:
+        ms = {key: 1e3 * statistics.median(times[(key, K)]) for key in libs}
+        rows.append({"decode_workers": K, "numel": numel, "old_ms": ms["old"],
+                     "new_ms": ms["new"], "old_over_new": ms["old"] / ms["new"]})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old-rev", required=True)
@@ -94,21 +124,25 @@ def main() -> None:
     parser.add_argument("--numel", default="26M")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=26)
+    parser.add_argument("--decode-workers", default="",
+                        help="K values for the batched decode (e.g. 2,8,16); none by default")
+    parser.add_argument("--decode-numel", type=int, default=16_777_216)
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     if _native.load() is None:
         raise SystemExit(f"native kernels unavailable: {_native.error()}")
-    names = args.compressor.split(",")
+    names = [name for name in args.compressor.split(",") if name]
+    workers = [int(k) for k in args.decode_workers.split(",") if k]
     for name in names:
         compressors.build(name, ratio=0.001)  # an unknown name fails before any build
     torch.set_num_threads(args.threads)
-    x = sources.synthetic("laplace", _numel(args.numel), 1, 0, 0)[0]
+    x = sources.synthetic("laplace", _numel(args.numel) if names else 1, 1, 0, 0)[0]
     rows = []
     own = _native._lib
     with tempfile.TemporaryDirectory() as tmp:
         libs = {"old": build(args.old_rev, Path(tmp)), "new": build(args.new_rev, Path(tmp))}
-        print(f"old = {args.old_rev}, new = {args.new_rev}; {x.numel()} float32 elements, "
-              f"{args.threads} threads, medians of {args.steps - 3} steps")
+        print(f"old = {args.old_rev}, new = {args.new_rev}; {args.threads} threads, medians of "
+              f"{args.steps - 3} steps" + (f"; {x.numel()} float32 elements" if names else ""))
         try:
             for name in names:
                 r = side_by_side(name, x, libs, args.steps)
@@ -116,6 +150,17 @@ def main() -> None:
                 print(f"{name}: old {r['old_ms']:.2f} ms, new {r['new_ms']:.2f} ms, old / new "
                       f"{r['old_over_new']:.3f}; floor {r['floor_ms']:.2f} ms, new / floor "
                       f"{r['new_over_floor']:.2f}", flush=True)
+            if workers:
+                decode = decode_side_by_side(args.decode_numel, workers, libs, args.steps)
+                rows.extend(decode)
+                for r in decode:
+                    print(f"decode K={r['decode_workers']}: old {r['old_ms']:.3f} ms, new "
+                          f"{r['new_ms']:.3f} ms, old / new {r['old_over_new']:.3f}")
+                for key in ("old", "new"):
+                    ms = {r["decode_workers"]: r[f"{key}_ms"] for r in decode}
+                    growth = ", ".join(f"K={K}/K={workers[0]} {ms[K] / ms[workers[0]]:.3f}"
+                                       for K in workers[1:])
+                    print(f"decode growth, {key}: {growth}")
         finally:
             _native._lib = own
     if args.json:

@@ -449,7 +449,7 @@ def _ranks_payload(n: int, ranks: int, k: int, seed: int, dtype: torch.dtype):
     (300_007, 65, 50),  # one more: counted and sorted by region instead
     (2_200_001, 4, 20_000),  # above 8 MiB of float32: written with streaming stores
 ])
-@pytest.mark.parametrize("divisor", [1, 3])
+@pytest.mark.parametrize("divisor", [1, 3, 16])  # 16: scaled by 1/16 as written out
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -468,6 +468,28 @@ def test_scatter_mean_of_ascending_runs_equals_index_add(n, ranks, k, divisor, d
     got = with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
     assert got is out
     assert torch.equal(out, expected)
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1000, 2_200_001])  # written plainly, and streamed
+@pytest.mark.parametrize("divisor", [2, 16, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_scatter_mean_divides_edge_values_as_torch_does(n, divisor, dtype):
+    """A power-of-two divisor scales by its inverse as the region is written out: the same
+    bits as torch's div_ for values whose quotient is subnormal, ±0, huge or infinite."""
+    info = torch.finfo(dtype)
+    special = torch.tensor([info.tiny, info.tiny * 3.3, info.tiny / 7, -info.tiny * 1.7,
+                            info.max, -info.max, -0.0, 0.0, float("inf"), 5e-324 * 9,
+                            1.0 / 3.0], dtype=torch.float64).to(dtype)
+    idx = torch.linspace(0, n - 1, special.numel()).long()
+    idx = torch.cat([idx, idx[::2]])  # repeats across two runs: added, then divided once
+    val = torch.cat([special, special[::2] * 0.75])
+    expected = torch.zeros(n, dtype=dtype).index_add_(0, idx, val).div_(divisor)
+    out = torch.full((n,), float("nan"), dtype=dtype)
+    _native.scatter_mean(idx, val, out, divisor)
+    bits = torch.int32 if dtype == torch.float32 else torch.int64
+    assert torch.equal(out.view(bits), expected.view(bits))  # -0.0 and +0.0 told apart
+    assert int((expected != 0).sum()) >= 8 and bool(expected.isinf().any())
 
 
 @needs_native

@@ -1104,6 +1104,26 @@ inline void copy_out(void* dst, const void* src, int64_t bytes, bool stream) {
   std::memcpy(dst, src, bytes);
 }
 
+// dst[i] = src[i]·s, where s is the exact inverse of a power-of-two divisor: the same bits as
+// src[i] / divisor (both are the correctly rounded value of the same quotient). Streamed
+// as copy_out streams.
+template <typename T>
+void copy_out_scaled(T* dst, const T* src, int64_t len, T s, bool stream) {
+  int64_t i = 0;
+#if defined(__AVX__)
+  if (stream && (reinterpret_cast<uintptr_t>(dst) & 31) == 0) {
+    typedef typename Vec<T>::type V;
+    constexpr int L = Vec<T>::L;
+    const V sv = V{} + s;
+    for (; i + L <= len; i += L)
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i),
+                          reinterpret_cast<__m256i>(vload<V>(src + i) * sv));
+  }
+#endif
+  (void)stream;
+  for (; i < len; ++i) dst[i] = src[i] * s;
+}
+
 constexpr int REGION_BITS = 16;
 constexpr int64_t REGION = int64_t(1) << REGION_BITS;
 
@@ -1128,17 +1148,23 @@ void write_regions(T* out, int64_t n, int64_t regions, double divisor, int parts
                    std::vector<PoolScratch>& bufs, Pairs&& pairs) {
   const bool stream = n * static_cast<int64_t>(sizeof(T)) >= (int64_t(8) << 20);
   const T d = static_cast<T>(divisor);
+  // A power-of-two divisor (K = 2, 4, 8, ... ranks) scales the region as it is written
+  // out; any other divides each element that was added to, once (a bitmap of them).
+  int exponent = 0;
+  const bool scale = divisor > 1.0 && std::frexp(divisor, &exponent) == 0.5;
+  const bool divide = divisor > 1.0 && !scale;
+  const T inverse = static_cast<T>(1.0 / divisor);
   run_parts(parts, [&](int t) {
     T* buf = static_cast<T*>(bufs[t].b.p);
     std::memset(buf, 0, std::min(REGION, n) * sizeof(T));  // (a small out uses less)
-    std::vector<uint64_t> done(divisor > 1.0 ? REGION / 64 : 0, 0);
+    std::vector<uint64_t> done(divide ? REGION / 64 : 0, 0);
     const int64_t r0 = regions * t / parts, r1 = regions * (t + 1) / parts;
     auto walk = pairs.start(r0);
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t base = r << REGION_BITS, len = std::min(REGION, n - base);
       const auto from = walk;
       walk.each(r, [&](uint32_t e, T v) { buf[e] += v; });
-      if (divisor > 1.0) {
+      if (divide) {
         auto again = from;
         again.each(r, [&](uint32_t e, T) {
           const uint64_t bit = uint64_t(1) << (e & 63);
@@ -1148,9 +1174,12 @@ void write_regions(T* out, int64_t n, int64_t regions, double divisor, int parts
           }
         });
       }
-      copy_out(out + base, buf, len * static_cast<int64_t>(sizeof(T)), stream);
+      if (scale)
+        copy_out_scaled(out + base, buf, len, inverse, stream);
+      else
+        copy_out(out + base, buf, len * static_cast<int64_t>(sizeof(T)), stream);
       auto clear = from;  // the scratch back to zeros (and the bitmap to none)
-      if (divisor > 1.0)
+      if (divide)
         clear.each(r, [&](uint32_t e, T) { buf[e] = T(0); done[e >> 6] = 0; });
       else
         clear.each(r, [&](uint32_t e, T) { buf[e] = T(0); });
