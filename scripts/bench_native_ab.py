@@ -116,6 +116,14 @@ def decode_side_by_side(numel: int, workers: list[int], libs: dict, steps: int) 
     return rows
 
 
+def resolve(rev: str) -> str:
+    """A revision as its commit hash (WORKTREE as it is)."""
+    if rev == "WORKTREE":
+        return rev
+    return subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old-rev", required=True)
@@ -129,6 +137,7 @@ def main() -> None:
     parser.add_argument("--decode-numel", type=int, default=16_777_216)
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
+    args.old_rev, args.new_rev = resolve(args.old_rev), resolve(args.new_rev)
     if _native.load() is None:
         raise SystemExit(f"native kernels unavailable: {_native.error()}")
     names = [name for name in args.compressor.split(",") if name]
