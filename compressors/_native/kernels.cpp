@@ -1255,12 +1255,28 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
   // One read of the indices: bounds, and where an ascending run ends (a descent), up to
   // MERGE_RUNS + 1 of them per share. Checked a vector at a time (an index below zero, at
   // or past n, or below the one before it); a vector where one is found is gone through
-  // again one index at a time.
+  // again one index at a time. A share with more descents than are merged (pairs in no
+  // order) goes on as the counting sort needs: bounds and each region's count, one index
+  // at a time from its start.
   std::vector<int64_t> first_bad(pt, -1);
   std::vector<std::vector<int64_t>> descents(pt);
+  std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0);
+  std::vector<char> counted(pt, 0);
   run_parts(pt, [&](int t) {
     std::vector<int64_t>& down = descents[t];
     const int64_t j0 = m * t / pt, e = m * (t + 1) / pt;
+    auto count_all = [&]() {
+      int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
+      for (int64_t j = j0; j < e; ++j) {
+        const int64_t i = static_cast<int64_t>(idx[j]);
+        if (i < 0 || i >= n) {
+          first_bad[t] = j;
+          return;
+        }
+        ++c[i >> REGION_BITS];
+      }
+      counted[t] = 1;
+    };
     auto one_by_one = [&](int64_t a, int64_t b) {  // false: a bad index (noted)
       for (int64_t j = a; j < b; ++j) {
         const int64_t i = static_cast<int64_t>(idx[j]);
@@ -1291,9 +1307,12 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
       }
       bool hit = false;
       for (int l = 0; l < L; ++l) hit |= any[l] != 0;
-      if (hit && !one_by_one(j, j + STEP)) return;
+      if (hit) {
+        if (!one_by_one(j, j + STEP)) return;
+        if (static_cast<int64_t>(down.size()) > MERGE_RUNS) return count_all();
+      }
     }
-    one_by_one(j, e);
+    if (one_by_one(j, e) && static_cast<int64_t>(down.size()) > MERGE_RUNS) count_all();
   });
   for (int64_t b : first_bad)
     if (b >= 0) return b;
@@ -1307,11 +1326,11 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
     write_regions(out, n, regions, divisor, parts, bufs, RunPairs<T, I>{idx, val, &bounds});
     return -1;
   }
-  // Each region's count per share, then exclusive offsets, region-major and share order
-  // within a region: start[r] is where region r's pairs begin; counts become each share's
-  // next write position.
-  std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0);
+  // Each region's count per share (where the first read did not take them), then
+  // exclusive offsets, region-major and share order within a region: start[r] is where
+  // region r's pairs begin; counts become each share's next write position.
   run_parts(pt, [&](int t) {
+    if (counted[t]) return;
     int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
     for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j)
       ++c[static_cast<int64_t>(idx[j]) >> REGION_BITS];
