@@ -3,7 +3,8 @@
 
     python scripts/bench_native_ab.py --old-rev HEAD~1 [--new-rev WORKTREE]
         [--compressor sidco_p,sidco_e] [--numel 26M] [--steps 26]
-        [--decode-workers 2,8,16 --decode-numel 16777216] [--json FILE]
+        [--decode-workers 2,8,16 --decode-numel 16777216 --decode-order ascending]
+        [--json FILE]
 
 Each revision's compressors/_native sources (WORKTREE: the files as they are now) are
 compiled with the flags the package uses into a temporary folder; both libraries are
@@ -12,8 +13,9 @@ loaded, and one single-worker Session per library (no error feedback, no NaN/Inf
 library swapped in before each call and the order of the two alternating from step to
 step. Medians over the steps after the first three, and the floor (a sum of a precomputed
 |x|) timed between them. With --decode-workers, also the batched sparse decode
-(_native.scatter_mean) of K ranks' ascending selections of δ = 0.001 of --decode-numel
-elements each, as dragonn-fig5b builds them. Both builds must have the ABI version of
+(_native.scatter_mean) of K ranks' selections of δ = 0.001 of --decode-numel elements
+each, ascending as dragonn-fig5b builds them, or (--decode-order random) in the random
+order of repro bench's payloads. Both builds must have the ABI version of
 the checkout; `--compressor ''` times only the decode."""
 
 from __future__ import annotations
@@ -90,11 +92,16 @@ def side_by_side(name: str, x: torch.Tensor, libs: dict, steps: int) -> dict:
             "timed_steps": steps - 3}
 
 
-def decode_side_by_side(numel: int, workers: list[int], libs: dict, steps: int) -> list[dict]:
+def decode_side_by_side(numel: int, workers: list[int], libs: dict, steps: int,
+                        order: str = "ascending") -> list[dict]:
     g = torch.Generator().manual_seed(0)
     k = max(1, int(numel * 0.001))
     payloads = {}
     for K in workers:
+        if order == "random":  # repro bench's payloads (Top-k's order)
+            idx, val = bench.sparse_payloads(numel, k, K, seed=0)
+            payloads[K] = (torch.cat(idx), torch.cat(val))
+            continue
         idx = torch.cat([torch.randperm(numel, generator=g)[:k].sort().values for _ in range(K)])
         payloads[K] = (idx, torch.randn(K * k, generator=g))
     out = torch.empty(numel)
@@ -111,7 +118,7 @@ def decode_side_by_side(numel: int, workers: list[int], libs: dict, steps: int) 
     rows = []
     for K in workers:
         ms = {key: 1e3 * statistics.median(times[(key, K)]) for key in libs}
-        rows.append({"decode_workers": K, "numel": numel, "old_ms": ms["old"],
+        rows.append({"decode_workers": K, "numel": numel, "order": order, "old_ms": ms["old"],
                      "new_ms": ms["new"], "old_over_new": ms["old"] / ms["new"]})
     return rows
 
@@ -135,6 +142,9 @@ def main() -> None:
     parser.add_argument("--decode-workers", default="",
                         help="K values for the batched decode (e.g. 2,8,16); none by default")
     parser.add_argument("--decode-numel", type=int, default=16_777_216)
+    parser.add_argument("--decode-order", choices=["ascending", "random"], default="ascending",
+                        help="each rank's indices ascending (a threshold sparsifier's, "
+                             "dragonn-fig5b's) or in random order (repro bench's)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     args.old_rev, args.new_rev = resolve(args.old_rev), resolve(args.new_rev)
@@ -160,7 +170,8 @@ def main() -> None:
                       f"{r['old_over_new']:.3f}; floor {r['floor_ms']:.2f} ms, new / floor "
                       f"{r['new_over_floor']:.2f}", flush=True)
             if workers:
-                decode = decode_side_by_side(args.decode_numel, workers, libs, args.steps)
+                decode = decode_side_by_side(args.decode_numel, workers, libs, args.steps,
+                                             args.decode_order)
                 rows.extend(decode)
                 for r in decode:
                     print(f"decode K={r['decode_workers']}: old {r['old_ms']:.3f} ms, new "
