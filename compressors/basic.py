@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from compressors import _native
 from compressors.base import (
     Compressor,
     Context,
@@ -82,7 +83,7 @@ class TopK(Sparsifier):
     that the threshold estimators are measured against."""
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        return torch.topk(acc.abs(), k, sorted=False).indices
+        return torch.topk(_native.abs_into_room(acc), k, sorted=False).indices
 
     def sent_elements(self, numel: int) -> int:
         return target_k(numel, self.ratio)

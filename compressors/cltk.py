@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from compressors import _native
 from compressors.base import (
     Compressor,
     Context,
@@ -50,7 +51,8 @@ class CyclicLocalTopK(Compressor):
         select_s = 0.0
         if ctx.is_leader:
             t0 = time.perf_counter()
-            indices = torch.topk(acc.abs(), k, sorted=False).indices.to(index_dtype(numel))
+            indices = torch.topk(_native.abs_into_room(acc), k,
+                                 sorted=False).indices.to(index_dtype(numel))
             if ctx.measure and acc.is_cuda:
                 torch.cuda.synchronize(acc.device)
             select_s = time.perf_counter() - t0

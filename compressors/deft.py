@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from compressors import _native
 from compressors.base import (
     Compressor,
     Context,
@@ -202,7 +203,8 @@ def select_in_partitions(
             if kp >= size:
                 pieces.append(torch.arange(start, start + size, device=device))
             else:
-                top = torch.topk(acc[start : start + size].abs(), kp, sorted=False).indices
+                top = torch.topk(_native.abs_into_room(acc[start : start + size]), kp,
+                                 sorted=False).indices
                 pieces.append(top.add_(start))
             continue
         ks = [local_k[p] for p in members]

@@ -272,3 +272,25 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
         assert not _native.supports(torch.zeros(5))
         out = _run("dgc", [_laplace(10_000, torch.float32)], 0.01)[0]
     assert out.selected > 0
+
+
+def test_abs_into_room_reuses_one_buffer_per_dtype():
+    """torch.topk's |acc| (Top-k, CLT-k, DEFT) is written into a room kept between calls:
+    the same values as x.abs(), in x's shape, the same memory call after call (grown for a
+    larger tensor), one room per dtype, given back by release_scratch."""
+    _native.release_scratch()
+    x = _laplace(1000, torch.float32, seed=1).view(10, 100)
+    first = _native.abs_into_room(x)
+    assert first.shape == x.shape and torch.equal(first, x.abs())
+    y = _laplace(700, torch.float32, seed=2)
+    again = _native.abs_into_room(y)
+    assert again.data_ptr() == first.data_ptr() and torch.equal(again, y.abs())
+    wide = _native.abs_into_room(y.double())
+    assert wide.dtype == torch.float64 and torch.equal(wide, y.double().abs())
+    assert _native.abs_into_room(y).data_ptr() == first.data_ptr()  # float32's room kept
+    big = _native.abs_into_room(_laplace(5000, torch.float32, seed=3))
+    assert big.numel() == 5000 and torch.equal(big, _laplace(5000, torch.float32, seed=3).abs())
+    _native.release_scratch()
+    half = torch.tensor([-1.5, 2.0, -0.0], dtype=torch.float16)
+    assert torch.equal(_native.abs_into_room(half), half.abs())
+    _native.release_scratch()
