@@ -416,8 +416,9 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                ) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
     elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...,
-    logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count, Σz and Σz² of z = |x| − upper over upper ≤ |x| ≤
-    pool_above, where `upper` is rounded to float32 first; the int32 positions and the |x|
+    logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count, Σz
+    and Σz² of z = |x| − upper over upper ≤ |x| ≤ pool_above, where `upper` is rounded to
+    float32 first; the int32 positions and the |x|
     of the stream, ascending: window ≤ |x| < upper, and |x| > pool_above). The bounds
     compare in float32 as torch does; window ≤ upper ≤ pool_above. One read pass.
 
@@ -453,7 +454,8 @@ def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,
                  divisor: int) -> torch.Tensor:
     """out ← 0, out[idx[j]] += val[j] in order, out /= divisor (when > 1): bit for bit
     `out.zero_().index_add_(0, idx, val).div_(divisor)`, with `out` written once, region
-    by region, after a stable counting sort of the pairs by region. CPU only: contiguous
+    by region: the ranks' ascending selections merged (up to 64 runs), other pairs after a
+    stable counting sort by region. CPU only: contiguous
     `out` and `val` of one float dtype (supports_cpu), 1-D int32/int64 `idx`. IndexError
     (nothing written) for an index outside [0, out.numel())."""
     if not (supports_cpu(out) and val.dtype == out.dtype and val.device == out.device
@@ -597,36 +599,39 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
 _rooms = threading.local()
 
 
+def _kept(key, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """This thread's buffer `key`: at least n elements of dtype, kept between calls and
+    grown when a larger one is asked for (the old one is given back before the new one is
+    had). Only the pages written are ever mapped."""
+    kept = getattr(_rooms, "kept", None)
+    if kept is None:
+        kept = _rooms.kept = {}
+    buf = kept.get(key)
+    if buf is None or buf.numel() < n:
+        kept.pop(key, None)
+        buf = kept[key] = empty(n, dtype)
+    return buf
+
+
 def stream_room(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This thread's room for sidco_spec's stream: an int32 and a float32 tensor of at
     least n elements, kept between calls (grown when a larger tensor comes) and shared by
     every caller on the thread, so each must be done with a stream before the next call.
     Only the pages a stream touches are ever mapped (about the stream's 8 bytes per
     element)."""
-    room = getattr(_rooms, "tensors", None)
-    if room is None or room[0].numel() < n:
-        _rooms.tensors = None  # the old room is given back before the new one is had
-        room = (empty(n, torch.int32), empty(n, torch.float32))
-        _rooms.tensors = room
-    return room
+    return _kept("stream positions", n, torch.int32), _kept("stream values", n, torch.float32)
 
 
 def abs_into_room(x: torch.Tensor) -> torch.Tensor:
-    """|x| written into this thread's magnitude room (what torch.topk reads: a fresh |x|
-    costs a page fault per 4 KiB of a large tensor, 39 against 7 ms at 26M float32 here)
-    and returned as a view of it in x's shape, valid until the thread's next call. CPU
-    only; on other devices a new |x| (their caching allocators reuse memory already)."""
+    """|x| written into this thread's magnitude room of x's dtype (what torch.topk reads:
+    a fresh |x| costs a page fault per 4 KiB of a large tensor, 39 against 7 ms at 26M
+    float32 here) and returned as a view of it in x's shape, valid until the thread's next
+    call. CPU only; on other devices a new |x| (their caching allocators reuse memory
+    already)."""
     if x.device.type != "cpu":
         return x.abs()
-    rooms = getattr(_rooms, "magnitudes", None)
-    if rooms is None:
-        rooms = _rooms.magnitudes = {}
     n = x.numel()
-    room = rooms.get(x.dtype)
-    if room is None or room.numel() < n:
-        rooms.pop(x.dtype, None)  # the old room is given back before the new one is had
-        room = rooms[x.dtype] = empty(n, x.dtype)
-    return torch.abs(x, out=room[:n].view(x.shape))
+    return torch.abs(x, out=_kept(("magnitudes", x.dtype), n, x.dtype)[:n].view(x.shape))
 
 
 def release_scratch() -> None:
@@ -634,8 +639,7 @@ def release_scratch() -> None:
     hit buffers (the largest ever used, up to 8), this thread's THC transform buffer (4
     bytes per padded element), its SIDCo stream room and its magnitude room (abs_into_room).
     The next call allocates afresh."""
-    _rooms.tensors = None
-    _rooms.magnitudes = None
+    _rooms.kept = None
     lib = load()
     if lib is not None:
         lib.gc_release_scratch()

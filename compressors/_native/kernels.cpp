@@ -1079,14 +1079,17 @@ int all_finite(const T* x, int64_t n, int threads) {
 // for every threshold sparsifier) by a cursor per run, runs in order; else after a stable
 // counting sort by region (each thread counts and places its own share, shares in order).
 // Either way an element's additions keep their pair order. Each region is built in a
-// thread's zeroed scratch, which stays in L2: its pairs added, its touched elements
-// divided, each once (a bitmap marks them; the rest hold +0.0, and +0.0 / divisor is
-// +0.0), and the region written to out in one pass, with non-temporal stores for a large
-// out (no read of its lines first), after which the touched elements of the scratch are
-// zeroed again. So out is written once and never read: the additions hit L2 instead of
-// lines of out that a zeroing pass has already pushed out of the cache. Returns -1, or the
-// position of the first index outside [0, n) (then nothing has been written).
-// bytes (a multiple of the element size) from src to dst: with `stream`, non-temporal
+// thread's zeroed scratch, which stays in L2: its pairs added; for a power-of-two divisor
+// the whole region scaled by its exact inverse as it is written out, for any other its
+// touched elements divided, each once (a bitmap marks them; the rest hold +0.0, and
+// +0.0 / divisor is +0.0); the region written to out in one pass, with non-temporal
+// stores for a large out (no read of its lines first), after which the touched elements
+// of the scratch are zeroed again. So out is written once and never read: the additions
+// hit L2 instead of lines of out that a zeroing pass has already pushed out of the cache.
+// Returns -1, or the position of the first index outside [0, n) (then nothing has been
+// written). (scatter_mean itself follows its helpers below.)
+
+// copy_out: bytes (a multiple of the element size) from src to dst: with `stream`, non-temporal
 // 32-byte stores where dst is 32-byte aligned (both are, region by region, for torch's
 // allocations), the rest by memcpy.
 inline void copy_out(void* dst, const void* src, int64_t bytes, bool stream) {
@@ -1262,21 +1265,23 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
   std::vector<std::vector<int64_t>> descents(pt);
   std::vector<int64_t> counts(static_cast<size_t>(pt) * regions + 1, 0);
   std::vector<char> counted(pt, 0);
+  // Share t's count per region, with the bounds checked too when `check` (first_bad[t]
+  // noted at the first index outside them).
+  auto count_share = [&](int t, bool check) {
+    int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
+    for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j) {
+      const int64_t i = static_cast<int64_t>(idx[j]);
+      if (check && (i < 0 || i >= n)) {
+        first_bad[t] = j;
+        return;
+      }
+      ++c[i >> REGION_BITS];
+    }
+    counted[t] = 1;
+  };
   run_parts(pt, [&](int t) {
     std::vector<int64_t>& down = descents[t];
     const int64_t j0 = m * t / pt, e = m * (t + 1) / pt;
-    auto count_all = [&]() {
-      int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
-      for (int64_t j = j0; j < e; ++j) {
-        const int64_t i = static_cast<int64_t>(idx[j]);
-        if (i < 0 || i >= n) {
-          first_bad[t] = j;
-          return;
-        }
-        ++c[i >> REGION_BITS];
-      }
-      counted[t] = 1;
-    };
     auto one_by_one = [&](int64_t a, int64_t b) {  // false: a bad index (noted)
       for (int64_t j = a; j < b; ++j) {
         const int64_t i = static_cast<int64_t>(idx[j]);
@@ -1309,10 +1314,11 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
       for (int l = 0; l < L; ++l) hit |= any[l] != 0;
       if (hit) {
         if (!one_by_one(j, j + STEP)) return;
-        if (static_cast<int64_t>(down.size()) > MERGE_RUNS) return count_all();
+        if (static_cast<int64_t>(down.size()) > MERGE_RUNS) return count_share(t, true);
       }
     }
-    if (one_by_one(j, e) && static_cast<int64_t>(down.size()) > MERGE_RUNS) count_all();
+    if (one_by_one(j, e) && static_cast<int64_t>(down.size()) > MERGE_RUNS)
+      count_share(t, true);
   });
   for (int64_t b : first_bad)
     if (b >= 0) return b;
@@ -1330,10 +1336,7 @@ int64_t scatter_mean(const I* idx, const T* val, int64_t m, T* out, int64_t n, d
   // exclusive offsets, region-major and share order within a region: start[r] is where
   // region r's pairs begin; counts become each share's next write position.
   run_parts(pt, [&](int t) {
-    if (counted[t]) return;
-    int64_t* c = counts.data() + static_cast<size_t>(t) * regions;
-    for (int64_t j = m * t / pt, e = m * (t + 1) / pt; j < e; ++j)
-      ++c[static_cast<int64_t>(idx[j]) >> REGION_BITS];
+    if (!counted[t]) count_share(t, false);
   });
   std::vector<int64_t> start(regions + 1);
   int64_t at = 0;
