@@ -17,6 +17,7 @@ same estimator.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -84,7 +85,8 @@ def sample_threshold(
 ) -> torch.Tensor:
     """DGC's threshold: min of the top ⌈s·δ⌉ of s magnitudes drawn uniformly (with
     replacement) from |acc| with `generator`. 0-dim tensor in acc's dtype, on acc's device
-    (on accelerators drawing the stream's seed is one host synchronisation).
+    (on accelerators without the Triton kernels drawing the stream's seed is one host
+    synchronisation).
 
     Below 2³¹ elements the s positions come from a counter-based stream keyed by one
     64-bit seed drawn from `generator`: p_i = (h(i)·d) >> 32 with
@@ -97,7 +99,9 @@ def sample_threshold(
 
     When the sample would cover the whole tensor, the exact k-th largest |acc| is used.
     Statistics are computed in float32 (float64 for float64 input); the result is one of
-    acc's own magnitudes, so converting it back to acc's dtype is exact. A zero threshold
+    acc's own magnitudes, so converting it back to acc's dtype is exact. On CUDA with the
+    Triton kernels nothing here waits for the device: the seed stays there, read by the
+    sampling kernel. A zero threshold
     (an all-zero sample) is raised to the dtype's smallest positive value, so selection
     means |acc| > 0: zeros are never sent (they carry nothing) and an all-zero or mostly
     zero tensor selects only its non-zeros instead of everything.
@@ -111,10 +115,15 @@ def sample_threshold(
     else:
         flat = acc.reshape(-1)
         if numel < 2**31:
-            seed = draw_seed(generator)
-            if _native.supports(flat):
-                sample = _native.sample_abs(flat, s, *seed_words(seed))
+            if flat.is_cuda and generator.device == flat.device and _native.supports(flat):
+                # the same two draws as draw_seed, left on the device for the kernel
+                words = torch.randint(0, 1 << 32, (2,), generator=generator,
+                                      dtype=torch.int64, device=flat.device)
+                sample = _native.sample_abs(flat, s, words)
+            elif _native.supports(flat):
+                sample = _native.sample_abs(flat, s, *seed_words(draw_seed(generator)))
             else:
+                seed = draw_seed(generator)
                 positions = counter_hash(torch.arange(s, dtype=torch.int64, device=acc.device),
                                          seed)
                 positions.mul_(numel).bitwise_right_shift_(32)
@@ -133,11 +142,15 @@ def sample_threshold(
         threshold = torch.tensor(values[at], dtype=sample.dtype)
     else:
         threshold = torch.topk(sample, top, sorted=False).values.min()
-    tiny = torch.nextafter(
-        torch.zeros((), dtype=acc.dtype, device=acc.device),
-        torch.ones((), dtype=acc.dtype, device=acc.device),
-    )
-    return torch.maximum(threshold.to(acc.dtype), tiny)
+    # one kernel on an accelerator (torch.maximum with a nextafter tensor was five)
+    return threshold.to(acc.dtype).clamp_min(smallest_positive(acc.dtype))
+
+
+@functools.cache
+def smallest_positive(dtype: torch.dtype) -> float:
+    """The dtype's smallest positive value (its smallest subnormal), exact as a float."""
+    zero = torch.zeros((), dtype=dtype)
+    return float(torch.nextafter(zero, torch.ones((), dtype=dtype)))
 
 
 @register("dgc")
@@ -188,7 +201,8 @@ class DGC(Sparsifier):
         if _native.supports(acc):
             # One fused pass: positions and |acc| of the candidates, no full-size buffer
             # (and the folded NaN/Inf check when the Session asks: ctx.check_finite).
-            candidates, chosen = _native.select(acc, float(threshold), values=True,
+            # (on CUDA the threshold stays on the device: the total is the one wait)
+            candidates, chosen = _native.select(acc, threshold, values=True,
                                                 check_finite=ctx.check_finite, reserve=k)
         else:
             magnitude = acc.abs()

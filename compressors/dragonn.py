@@ -17,8 +17,11 @@ their slot holds; index 0 is an ordinary index (the authors' code marks empty sl
 0, which makes index 0 unsendable; here −1 marks them, as in the paper).
 
 Implementation choices (the paper leaves them open):
-- Candidates are found in one comparison pass over |acc| and compacted (flat_nonzero);
-  only the candidates are hashed, never the whole tensor, and nothing is sorted.
+- On the CPU, candidates are found in one comparison pass over |acc| and compacted
+  (flat_nonzero); only the candidates are hashed, never the whole tensor, and nothing is
+  sorted. On CUDA (Triton kernels) the comparison pass writes each candidate straight into
+  its slot, with the threshold and the seeds read on the device: no compaction and no
+  host synchronisation (the slots do not depend on the order the candidates come in).
 - The hash is a murmur-style 32-bit finaliser (xor-shift / odd-multiply rounds, both
   multipliers < 2³¹ so every product fits int64 without wrapping) keyed by two 32-bit
   seeds drawn per call from the worker's private generator (ctx.generator). Private rather
@@ -227,23 +230,36 @@ class Dragonn(Compressor):
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
-        if _native.supports(acc):  # one fused pass, no |acc| or mask buffer
-            candidates = _native.select(acc, float(threshold), reserve=k,
-                                        check_finite=ctx.check_finite)[0]
+        fits = numel <= 2**32 and m < 2**31  # the native hash's integer ranges
+        if fits and _native.supports_fused_dragonn(acc):
+            # CUDA: one read of acc writes every candidate straight into its slot (the
+            # memory does not depend on the candidates' order), threshold and seeds read
+            # on the device: no compaction and no host synchronisation before the send.
+            seeds = draw_hash_seeds(ctx.generator, acc.device)
+            slots, values, found = _native.dragonn_encode(
+                acc.reshape(-1), threshold.reshape(1), m, *priority_layout(numel), seeds,
+                check_finite=ctx.check_finite)
+            if ctx.check_finite and int(found[1]):
+                raise _native.NonFinite("the tensor holds NaN or Inf")
+            candidates = found[0]
         else:
-            candidates = flat_nonzero(acc.abs() >= threshold)
-        seeds = draw_hash_seeds(ctx.generator, acc.device)
-        if _native.supports(acc) and numel <= 2**32 and m < 2**31:
-            # The memory write and the value gather in one native loop over the
-            # candidates (the same integer operations as write_slots).
-            slots, values = _native.dragonn_slots(
-                candidates, m, *priority_layout(numel), tuple(seeds.tolist()),
-                acc.reshape(-1))
-            empty = slots < 0
-        else:
-            slots = write_slots(candidates, m, seeds, numel)
-            empty = slots < 0
-            values = acc.index_select(0, slots.clamp(min=0)).masked_fill_(empty, 0)
+            if _native.supports(acc):  # one fused pass, no |acc| or mask buffer
+                candidates = _native.select(acc, float(threshold), reserve=k,
+                                            check_finite=ctx.check_finite)[0]
+            else:
+                candidates = flat_nonzero(acc.abs() >= threshold)
+            seeds = draw_hash_seeds(ctx.generator, acc.device)
+            if _native.supports(acc) and fits:
+                # The memory write and the value gather in one native loop over the
+                # candidates (the same integer operations as write_slots).
+                slots, values = _native.dragonn_slots(
+                    candidates, m, *priority_layout(numel), tuple(seeds.tolist()),
+                    acc.reshape(-1))
+            else:
+                slots = write_slots(candidates, m, seeds, numel)
+                values = acc.index_select(0, slots.clamp(min=0)).masked_fill_(slots < 0, 0)
+            candidates = candidates.numel()
+        empty = slots < 0
         wire_indices = slots.to(index_dtype(numel))
         all_idx, all_val = yield (AllGather(wire_indices), AllGather(values))
 
@@ -262,7 +278,7 @@ class Dragonn(Compressor):
             union=union,
             extra={
                 "threshold": float(threshold),
-                "candidates": candidates.numel(),
+                "candidates": int(candidates),
                 "empty_slot_fraction": (m - selected) / m,
             },
         )

@@ -242,3 +242,72 @@ def test_dragonn_slots_keep_the_priority_bits_beyond_2_to_31_elements():
                                         tuple(seeds.tolist()), torch.zeros(1), values=False)
     assert none is None
     assert torch.equal(slots, dragonn.write_slots(keys, 97, seeds, numel))
+
+
+@pytest.mark.parametrize("n", [1, 13, 2 * 4096 + 37])
+@pytest.mark.parametrize("strict", [False, True])
+def test_select_reads_a_threshold_held_on_the_device(n, strict):
+    # the same positions and values whether the threshold comes as a float or as a
+    # one-element tensor the kernels read (DGC's threshold, never copied to the host)
+    x = _laplace(n, seed=n + 1)
+    t = float(x.abs().kthvalue(max(1, n - 40)).values)  # one of the magnitudes: a tie
+    want = kernels.select(x, t, strict=strict, values=True)
+    got = kernels.select(x, torch.tensor([t]), strict=strict, values=True)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    ref = torch.nonzero(x.abs() > t if strict else x.abs() >= t).squeeze(1)
+    assert torch.equal(got[0], ref)
+    with pytest.raises(ValueError, match="one float32"):
+        kernels.select(x, torch.tensor([t], dtype=torch.float64))
+
+
+def test_sample_abs_reads_its_seed_from_the_device():
+    x = _laplace(300_001, seed=6)
+    seed = 0xFEDCBA9876543210
+    words = torch.tensor(seed_words(seed), dtype=torch.int64)
+    positions = counter_hash(torch.arange(4000), seed).mul_(300_001).bitwise_right_shift_(32)
+    assert torch.equal(kernels.sample_abs(x, 4000, words), x.abs()[positions])
+    with pytest.raises(ValueError, match="two int64"):
+        kernels.sample_abs(x, 10, torch.tensor([1, 2, 3]))
+
+
+@pytest.mark.parametrize("numel, kept, m", [(1, 1, 1), (13, 5, 4), (2 * 4096 + 37, 700, 400),
+                                            (2 * 4096 + 37, 700, 5000), (100_000, 3000, 37),
+                                            (5000, 0, 16)])
+def test_dragonn_encode_writes_the_slots_of_select_then_write_slots(numel, kept, m):
+    # one read of acc with the threshold and seeds on the device gives exactly the slots
+    # and values of the two-step path (compaction, then the hash write), collisions
+    # included, and counts the candidates
+    g = torch.Generator().manual_seed(numel + m)
+    acc = _laplace(numel, seed=numel + kept)
+    acc[numel // 2] = -acc[numel // 3] if numel > 2 else acc[0]  # a tie of magnitudes
+    if kept:
+        t = float(acc.abs().kthvalue(numel - kept + 1).values)
+    else:
+        t = float(acc.abs().max()) * 2
+    keys = torch.nonzero(acc.abs() >= t).squeeze(1)
+    seeds = dragonn.draw_hash_seeds(g)
+    layout = dragonn.priority_layout(numel)
+    ref = dragonn.write_slots(keys, m, seeds, numel)
+    for check in (False, True):
+        slots, values, found = kernels.dragonn_encode(acc, torch.tensor([t]), m, *layout,
+                                                      seeds, check_finite=check)
+        assert torch.equal(slots, ref)
+        assert torch.equal(values, torch.where(ref >= 0, acc[ref.clamp(min=0)], 0.0))
+        assert found.tolist() == [keys.numel(), 0]
+
+
+def test_dragonn_encode_flags_nan_and_inf_only_when_asked():
+    acc = _laplace(3 * 4096 + 5, seed=12)
+    t = torch.tensor([float(acc.abs().kthvalue(acc.numel() - 30).values)])
+    seeds = torch.tensor([7, 2**32 - 1])
+    layout = dragonn.priority_layout(acc.numel())
+    for where in (0, 4096 + 1000, acc.numel() - 1):
+        for bad in (float("nan"), float("inf")):
+            y = acc.clone()
+            y[where] = bad
+            assert int(kernels.dragonn_encode(y, t, 64, *layout, seeds, check_finite=True)[2][1])
+            assert int(kernels.dragonn_encode(y, t, 64, *layout, seeds)[2][1]) == 0
+    with pytest.raises(ValueError, match="two int64"):
+        kernels.dragonn_encode(acc, t, 64, *layout, torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="tensor on the device"):
+        kernels.dragonn_encode(acc, 0.5, 64, *layout, seeds)

@@ -256,6 +256,21 @@ def test_all_zero_input_gives_zero_aggregate():
         assert math.isfinite(o.extra["threshold"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32,
+                                   torch.float64])
+def test_a_zero_sample_threshold_is_the_smallest_positive_value(dtype):
+    # an all-zero sample would select everything at threshold 0: the threshold is raised
+    # to the dtype's smallest subnormal, so exactly the non-zeros pass
+    from compressors.dgc import sample_threshold
+
+    acc = torch.zeros(200_000, dtype=dtype)
+    acc[[5, 77_777]] = torch.tensor([-1.0, 2.0], dtype=dtype)
+    t = sample_threshold(acc, 0.001, 200, 0.01, 10, torch.Generator().manual_seed(0))
+    tiny = torch.nextafter(torch.zeros((), dtype=dtype), torch.ones((), dtype=dtype))
+    assert t.dtype == dtype and t.item() == tiny.item() > 0
+    assert torch.equal(flat_nonzero(acc.abs() >= t), torch.tensor([5, 77_777]))
+
+
 # ---------------------------------------------------------------- DRAGONN: payload, EF
 
 

@@ -83,3 +83,31 @@ def test_cuda_paths_select_what_the_reference_selects(monkeypatch, name, ratio):
         assert f.sent.indices.numel() > 0
         assert torch.equal(f.sent.indices, s.sent.indices)
         assert torch.equal(f.sent.values, s.sent.values)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_p", "dgc", "dragonn", "hard_threshold",
+                                  "redsync"])
+def test_cuda_folded_check_raises_and_changes_nothing(name):
+    # The NaN/Inf check folded into the CUDA kernels' first read (DRAGONN's fused write
+    # included, whose result otherwise stays on the device until the send): the Session's
+    # error, the worker's stream put back, and a finite gradient exchanged as without it.
+    grad = _laplace(1_000_003, seed=4).cuda()
+
+    def session(check: bool) -> Session:
+        return Session(compressors.build(name, ratio=0.01), world_size=1, feedback="none",
+                       seed=2, measure=False, check_finite=check)
+
+    folded, unfolded = session(True), session(False)
+    for step in range(2):
+        a = drive([folded.exchange("g", grad, step)])[0]
+        b = drive([unfolded.exchange("g", grad, step)])[0]
+        assert torch.equal(a.sent.indices, b.sent.indices)
+        assert torch.equal(a.sent.values, b.sent.values)
+    for pos, bad in ((0, float("nan")), (grad.numel() - 1, float("-inf"))):
+        broken = grad.clone()
+        broken[pos] = bad
+        before = folded.generator(grad.device).get_state()
+        with pytest.raises(FloatingPointError, match="gradient 'g' contains"):
+            drive([folded.exchange("g", broken, 2)])
+        assert torch.equal(folded.generator(grad.device).get_state(), before)

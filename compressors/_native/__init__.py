@@ -335,19 +335,22 @@ def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
     return int(_fn("gc_count", x)(x.data_ptr(), n, _threads(n), float(t), int(strict)))
 
 
-def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False,
-           index_map: torch.Tensor | None = None, reserve: int = 0, check_finite: bool = False,
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
+           values: bool = False, index_map: torch.Tensor | None = None, reserve: int = 0,
+           check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
     `values`, their |x| (x's dtype). With `index_map` (int64, one per element of x) the
     positions are mapped through it. One read pass; outputs allocated at their exact size.
     `check_finite`: raise NonFinite when x holds a NaN or an Inf, found in the same read.
     `reserve`: the number of hits expected (presizes the buffers); when it is more than
     DENSE_FRACTION of a float32 x (with no index_map) the hits are written branch-free,
-    the same result faster at such densities."""
+    the same result faster at such densities. `t` may be a one-element tensor in x's
+    dtype on x's device: on CUDA the kernels read it there (no synchronisation for it)."""
     if x.device.type == "cuda":  # a counting pass, then a writing one; `reserve`: CPU hint
         return _gpu().select(x, t, strict=strict, values=values, index_map=index_map,
                              check_finite=check_finite)
+    if isinstance(t, torch.Tensor):
+        t = float(t)
     n = x.numel()
     total = _C_INT64(0)
     bad = ctypes.c_int(0)
@@ -567,6 +570,24 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
     return slots, out
 
 
+def supports_fused_dragonn(acc: torch.Tensor) -> bool:
+    """Whether dragonn_encode takes acc: a CUDA tensor the Triton kernels take (supports)."""
+    return acc.device.type == "cuda" and supports(acc)
+
+
+def dragonn_encode(acc: torch.Tensor, threshold: torch.Tensor, m: int, index_bits: int,
+                   priority_bits: int, seeds: torch.Tensor, check_finite: bool = False,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DRAGONN's encoding in one read of a CUDA acc with no host synchronisation
+    (compressors._native.gpu.dragonn_encode): the slots and values that select, then
+    dragonn_slots, give, and `found` on the device: [candidates, NaN/Inf seen]."""
+    if not supports_fused_dragonn(acc):
+        raise TypeError("dragonn_encode() takes a contiguous float32 CUDA tensor "
+                        "(check supports_fused_dragonn first)")
+    return _gpu().dragonn_encode(acc, threshold, m, index_bits, priority_bits, seeds,
+                                 check_finite)
+
+
 def all_finite(x: torch.Tensor) -> bool:
     """bool(torch.isfinite(x).all()) in one read pass with no bool buffer."""
     if x.device.type == "cuda" and supports(x):
@@ -577,10 +598,12 @@ def all_finite(x: torch.Tensor) -> bool:
     return bool(_fn("gc_all_finite", x)(x.data_ptr(), n, _threads(n)))
 
 
-def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
+def sample_abs(x: torch.Tensor, s: int, k0: int | torch.Tensor, k1: int = 0) -> torch.Tensor:
     """|x[p_i]| for i < s, p_i = (h(i)·n) >> 32 with the counter hash keyed by the 32-bit
-    words (k0, k1) (compressors.counter_stream.counter_hash; n = x.numel() < 2^31): a uniform sample
-    with replacement drawn and read in one pass, no positions tensor."""
+    words (k0, k1) (compressors.counter_stream.counter_hash; n = x.numel() < 2^31): a
+    uniform sample with replacement drawn and read in one pass, no positions tensor.
+    On CUDA k0 may instead be an int64 tensor of both words on x's device (a seed drawn
+    there: the kernel reads it, the host never waits for it)."""
     n = x.numel()
     if not supports(x):
         raise TypeError("sample_abs() takes a contiguous CPU float32/float64 tensor or a "
@@ -589,6 +612,8 @@ def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
         raise ValueError("sample_abs needs fewer than 2^31 elements")
     if x.device.type == "cuda":
         return _gpu().sample_abs(x, s, k0, k1)
+    if isinstance(k0, torch.Tensor):
+        k0, k1 = (int(w) for w in k0.tolist())
     out = torch.empty(s, dtype=x.dtype)
     if s:
         threads = max(1, min(torch.get_num_threads(), s // (1 << 14)))

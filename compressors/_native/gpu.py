@@ -17,6 +17,10 @@ each is one kernel that reads x once:
 - `dragonn_slots`: DRAGONN's memory write (hash, slot, priority) with one 64-bit atomic
   max per candidate, then the value gather: the same integers as compressors.dragonn's
   write_slots.
+- `dragonn_encode`: the same memory written straight from one read of x (no compaction),
+  with the threshold and the hash seeds read from device tensors: DRAGONN's encoding with
+  no host synchronisation. `select` and `sample_abs` can likewise take their threshold and
+  seed as device tensors (DGC's threshold and both sample seeds never reach the host).
 
 Comparisons are made in float32 with the threshold rounded to float32, as torch does for
 `tensor >= python_float`, so selections equal the torch reference's bit for bit wherever
@@ -50,6 +54,7 @@ SUB = 512  # the selection's granularity: hits are counted, and blocks skipped, 
 SUB_WARPS = 2  # warps per program of the selection's writing pass
 TILES = 4  # blocks per program of the reductions (count, stats): fewer partials to add
 SMALL_BLOCK = 1024  # per program of the passes over samples and candidates
+FUSED_CHUNK = 512  # DRAGONN's fused write: the hash is computed only in chunks with a hit
 _STATS = 7  # count, sum, sumsq, max, min, nonzero, log_sum
 
 
@@ -90,6 +95,15 @@ def _f64_bits(v: float) -> int:
 if triton is not None:
 
     @triton.jit
+    def _threshold(t, T_PTR: tl.constexpr):
+        # the threshold: a float32 argument, or (T_PTR) read from a one-element float32
+        # tensor on the device, so the host never waits for it
+        if T_PTR:
+            return tl.load(t)
+        else:
+            return t
+
+    @triton.jit
     def _hits(x_ptr, offs, n, t, STRICT: tl.constexpr):
         # |x| at offs (0 past the end) and whether it passes t (> when STRICT, else ≥)
         inside = offs < n
@@ -102,12 +116,13 @@ if triton is not None:
 
     @triton.jit
     def _sub_counts_kernel(x_ptr, n, t, counts_ptr, nsub, flag_ptr, STRICT: tl.constexpr,
-                           CHECK: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr):
+                           CHECK: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                           T_PTR: tl.constexpr):
         # hits per sub-block of SUB elements (BLOCK // SUB of them per program); CHECK:
         # programs that saw a NaN or an Inf add 1 to flag_ptr[0] (the folded check)
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        a, hit = _hits(x_ptr, offs, n, t, STRICT)
+        a, hit = _hits(x_ptr, offs, n, _threshold(t, T_PTR), STRICT)
         per_sub = tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK // SUB, SUB)), axis=1)
         sub = pid.to(tl.int64) * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
         tl.store(counts_ptr + sub, per_sub, mask=sub < nsub)
@@ -119,14 +134,14 @@ if triton is not None:
     @triton.jit
     def _select_kernel(x_ptr, n, t, counts_ptr, ends_ptr, idx_ptr, val_ptr, map_ptr,
                        STRICT: tl.constexpr, VALUES: tl.constexpr, MAPPED: tl.constexpr,
-                       SUB: tl.constexpr):
+                       SUB: tl.constexpr, T_PTR: tl.constexpr):
         # one sub-block per program; those without a hit (most, at small ratios) read
         # nothing but their count
         pid = tl.program_id(0)
         mine = tl.load(counts_ptr + pid)
         if mine > 0:
             offs = pid.to(tl.int64) * SUB + tl.arange(0, SUB)
-            a, hit = _hits(x_ptr, offs, n, t, STRICT)
+            a, hit = _hits(x_ptr, offs, n, _threshold(t, T_PTR), STRICT)
             h = hit.to(tl.int32)
             dst = tl.load(ends_ptr + pid) - mine + (tl.cumsum(h, axis=0) - h).to(tl.int64)
             if MAPPED:
@@ -262,15 +277,41 @@ if triton is not None:
         return h ^ (h >> 15)
 
     @triton.jit(do_not_specialize=["n", "s", "k0", "k1"])
-    def _sample_kernel(x_ptr, n, s, k0, k1, out_ptr, BLOCK: tl.constexpr):
+    def _sample_kernel(x_ptr, n, s, k0, k1, out_ptr, BLOCK: tl.constexpr,
+                       K_PTR: tl.constexpr):
+        # K_PTR: k0 is a device tensor holding the seed's two words (k1 unused), so the
+        # seed drawn on the device is never copied to the host
         pid = tl.program_id(0)
         i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = i < s
-        h = _mix32((i & 0xFFFFFFFF) ^ k0.to(tl.int64))
-        h = _mix32(h ^ ((i >> 32) ^ k1.to(tl.int64)))
+        if K_PTR:
+            w0 = tl.load(k0).to(tl.int64)
+            w1 = tl.load(k0 + 1).to(tl.int64)
+        else:
+            w0 = k0.to(tl.int64)
+            w1 = k1.to(tl.int64)
+        h = _mix32((i & 0xFFFFFFFF) ^ w0)
+        h = _mix32(h ^ ((i >> 32) ^ w1))
         p = (h * n.to(tl.int64)) >> 32
         v = tl.load(x_ptr + p, mask=inside, other=0.0)
         tl.store(out_ptr + i, tl.abs(v), mask=inside)
+
+    @triton.jit
+    def _dragonn_slot(key, s0, s1, m, index_bits, priority_shift):
+        # compressors.dragonn._mix32 (two seeded rounds) of int64 keys < 2^32, then
+        # Lemire's slot and the (priority, index) packing of write_slots. The hash in
+        # 32-bit unsigned words (its products wrap mod 2^32 as the torch code's masks
+        # do), the slot their high word with m (Lemire's h·m >> 32); only the packed
+        # priority is 64-bit.
+        h = key.to(tl.uint32) ^ s0.to(tl.uint32)
+        h = (h ^ (h >> 16)) * tl.full((), 0x7FEB352D, tl.uint32)
+        h = h ^ s1.to(tl.uint32)
+        h = (h ^ (h >> 15)) * tl.full((), 0x5BD1E995, tl.uint32)
+        h = h ^ (h >> 16)
+        slot = tl.umulhi(h, m.to(tl.uint32)).to(tl.int64)
+        top = (h >> priority_shift.to(tl.uint32)).to(tl.int64)
+        priority = (top << index_bits.to(tl.int64)) | key
+        return slot, priority
 
     @triton.jit(do_not_specialize=["nk", "m", "s0", "s1", "index_bits", "priority_shift"])
     def _dragonn_write_kernel(keys_ptr, nk, m, s0, s1, index_bits, priority_shift, packed_ptr,
@@ -279,16 +320,44 @@ if triton is not None:
         q = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = q < nk
         key = tl.load(keys_ptr + q, mask=inside, other=0)
-        # compressors.dragonn._mix32 (two seeded rounds), then Lemire's slot and the
-        # (priority, index) packing of write_slots
-        h = (key & 0xFFFFFFFF) ^ s0.to(tl.int64)
-        h = ((h ^ (h >> 16)) * 0x7FEB352D) & 0xFFFFFFFF
-        h = h ^ s1.to(tl.int64)
-        h = ((h ^ (h >> 15)) * 0x5BD1E995) & 0xFFFFFFFF
-        h = h ^ (h >> 16)
-        slot = (h * m.to(tl.int64)) >> 32
-        priority = ((h >> priority_shift.to(tl.int64)) << index_bits.to(tl.int64)) | key
+        slot, priority = _dragonn_slot(key, s0, s1, m, index_bits, priority_shift)
         tl.atomic_max(packed_ptr + slot, priority, mask=inside)
+
+    @triton.jit(do_not_specialize=["n", "m", "index_bits", "priority_shift"])
+    def _dragonn_fused_kernel(x_ptr, n, t_ptr, seeds_ptr, m, index_bits, priority_shift,
+                              packed_ptr, found_ptr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
+                              CHUNK: tl.constexpr):
+        # DRAGONN's whole memory write in one read of x, the threshold and the hash seeds
+        # read from the device: every |x_i| >= t writes (priority, i) into its slot, in
+        # chunks of CHUNK elements, the hash computed only in chunks holding a hit. Adds
+        # the program's hits to found_ptr[0] and (CHECK) 1 to found_ptr[1] when it saw
+        # a NaN or an Inf.
+        pid = tl.program_id(0)
+        t = tl.load(t_ptr)
+        s0 = tl.load(seeds_ptr)
+        s1 = tl.load(seeds_ptr + 1)
+        for j in tl.static_range(BLOCK // CHUNK):
+            offs = pid.to(tl.int64) * BLOCK + j * CHUNK + tl.arange(0, CHUNK)
+            a, hit = _hits(x_ptr, offs, n, t, False)
+            c = tl.sum(hit.to(tl.int32), axis=0)
+            if c > 0:
+                slot, priority = _dragonn_slot(offs, s0, s1, m, index_bits, priority_shift)
+                tl.atomic_max(packed_ptr + slot, priority, mask=hit)
+            if CHECK:
+                b = tl.sum(((a == float("inf")) | (a != a)).to(tl.int32), axis=0)
+            else:
+                b = c * 0
+            if j == 0:
+                total = c
+                bad = b
+            else:
+                total += c
+                bad += b
+        if total > 0:
+            tl.atomic_add(found_ptr, total.to(tl.int64))
+        if CHECK:
+            if bad > 0:
+                tl.atomic_add(found_ptr + 1, 1)
 
     @triton.jit(do_not_specialize=["m", "index_bits"])
     def _dragonn_take_kernel(packed_ptr, m, index_bits, acc_ptr, values_ptr,
@@ -327,24 +396,37 @@ def all_finite(x: torch.Tensor) -> bool:
     return int(out.sum()) == 0
 
 
-def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False,
-           index_map: torch.Tensor | None = None, check_finite: bool = False,
-           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _device_threshold(t: float | torch.Tensor, x: torch.Tensor) -> float | torch.Tensor:
+    """A Python threshold rounded to float32, or a one-element float32 tensor on x's
+    device, which the kernels read there (no host synchronisation)."""
+    if isinstance(t, torch.Tensor):
+        if t.numel() != 1 or t.dtype != torch.float32 or t.device != x.device:
+            raise ValueError("a threshold tensor must hold one float32 on the tensor's device")
+        return t.reshape(1)
+    return _f32(t)
+
+
+def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
+           values: bool = False, index_map: torch.Tensor | None = None,
+           check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict), mapped through
     `index_map` when given, and with `values` their |x|. A counting pass (hits per
     sub-block of SUB elements), their cumulative sum, one host synchronisation (the total),
-    and a writing pass that reads only the sub-blocks holding a hit. `check_finite`: the
-    counting pass also looks for NaN and Inf (read back in the same synchronisation) and
-    compressors._native.NonFinite is raised when it finds one."""
+    and a writing pass that reads only the sub-blocks holding a hit. `t`: a float, or a
+    one-element float32 tensor on x's device (read there: the total is then the only
+    synchronisation). `check_finite`: the counting pass also looks for NaN and Inf (read
+    back in the same synchronisation) and compressors._native.NonFinite is raised when it
+    finds one."""
     n = x.numel()
-    t = _f32(t)
+    t = _device_threshold(t, x)
+    on_device = isinstance(t, torch.Tensor)
     nsub = -(-n // SUB)
     counts = torch.empty(nsub, dtype=torch.int32, device=x.device)
     flag = torch.zeros(1, dtype=torch.int64, device=x.device) if check_finite else counts
     if nsub:
         _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, flag, STRICT=strict,
                                             CHECK=check_finite, BLOCK=BLOCK, SUB=SUB,
-                                            num_warps=WARPS)
+                                            T_PTR=on_device, num_warps=WARPS)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
     if check_finite:
         total, bad = torch.cat((ends[-1:], flag)).tolist() if nsub else (0, 0)
@@ -360,7 +442,7 @@ def select(x: torch.Tensor, t: float, strict: bool = False, values: bool = False
         _select_kernel[(nsub,)](x, n, t, counts, ends, idx, idx if val is None else val,
                                 x if index_map is None else index_map, STRICT=strict,
                                 VALUES=values, MAPPED=index_map is not None, SUB=SUB,
-                                num_warps=SUB_WARPS)
+                                T_PTR=on_device, num_warps=SUB_WARPS)
     return idx, val
 
 
@@ -390,12 +472,45 @@ def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
     return (int(got[0]), got[1], got[2], got[3], got[4], int(got[5]), got[6])
 
 
-def sample_abs(x: torch.Tensor, s: int, k0: int, k1: int) -> torch.Tensor:
-    """|x[p_i]|, p_i = (h(i)·n) >> 32 for i < s (the CPU kernel's positions)."""
+def sample_abs(x: torch.Tensor, s: int, k0: int | torch.Tensor, k1: int = 0) -> torch.Tensor:
+    """|x[p_i]|, p_i = (h(i)·n) >> 32 for i < s (the CPU kernel's positions). The seed's
+    words: the ints k0, k1, or k0 an int64 tensor on x's device holding both (read there,
+    so a seed drawn on the device needs no synchronisation)."""
     out = torch.empty(s, dtype=x.dtype, device=x.device)
+    words = isinstance(k0, torch.Tensor)
+    if words and (k0.numel() != 2 or k0.dtype != torch.int64 or k0.device != x.device):
+        raise ValueError("the seed tensor must hold two int64 words on the tensor's device")
     if s:
-        _sample_kernel[_grid(s, SMALL_BLOCK)](x, x.numel(), s, k0, k1, out, BLOCK=SMALL_BLOCK)
+        _sample_kernel[_grid(s, SMALL_BLOCK)](x, x.numel(), s, k0, 0 if words else k1, out,
+                                              BLOCK=SMALL_BLOCK, K_PTR=words)
     return out
+
+
+def dragonn_encode(x: torch.Tensor, t: torch.Tensor, m: int, index_bits: int,
+                   priority_bits: int, seeds: torch.Tensor, check_finite: bool = False,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DRAGONN's encoding with no host synchronisation: one read of x writes every
+    |x_i| >= t into its slot (what select, then dragonn_slots, give), then the slots'
+    values are gathered. t: x's threshold, a one-element float32 tensor on x's device;
+    seeds: the two hash seeds, int64 on x's device; x.numel() <= 2^32, m < 2^31.
+    Returns (slots int64, −1 where empty; values, 0 where empty; found: int64 [number of
+    candidates, number of programs that saw a NaN or an Inf (0 unless check_finite)]),
+    all on the device."""
+    n = x.numel()
+    t = _device_threshold(t, x)
+    if not isinstance(t, torch.Tensor):
+        raise ValueError("dragonn_encode takes its threshold as a tensor on the device")
+    if seeds.numel() != 2 or seeds.dtype != torch.int64 or seeds.device != x.device:
+        raise ValueError("the hash seeds must be two int64 on the tensor's device")
+    packed = torch.full((m,), -1, dtype=torch.int64, device=x.device)
+    found = torch.zeros(2, dtype=torch.int64, device=x.device)
+    _dragonn_fused_kernel[_grid(n, BLOCK)](x, n, t, seeds, m, index_bits, 32 - priority_bits,
+                                           packed, found, CHECK=check_finite, BLOCK=BLOCK,
+                                           CHUNK=FUSED_CHUNK, num_warps=WARPS)
+    out = torch.empty(m, dtype=x.dtype, device=x.device)
+    _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, x, out, VALUES=True,
+                                                BLOCK=SMALL_BLOCK)
+    return packed, out, found
 
 
 def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,
@@ -481,10 +596,19 @@ def self_test(device: torch.device | str) -> str | None:
                     return f"select (check_finite=True) misses a {bad}"
                 except FloatingPointError:  # compressors._native.NonFinite
                     pass
+            t_dev = torch.tensor([t], dtype=torch.float32, device=x.device)
+            for strict in (False, True):
+                ref = torch.nonzero(a > t_dev if strict else a >= t_dev).squeeze(1)
+                idx, val = select(x, t_dev, strict=strict, values=True)
+                if not torch.equal(idx, ref) or not torch.equal(val, a[ref]):
+                    return f"select (strict={strict}, threshold on the device) differs from torch"
             seed = 0x0123456789ABCDEF
             positions = (counter_hash(torch.arange(1000, device=x.device), seed) * n) >> 32
+            words = torch.tensor(seed_words(seed), dtype=torch.int64, device=x.device)
             if not torch.equal(sample_abs(x, 1000, *seed_words(seed)), a[positions]):
                 return "sample_abs differs from the counter stream's positions"
+            if not torch.equal(sample_abs(x, 1000, words), a[positions]):
+                return "sample_abs (seed on the device) differs from the counter stream's positions"
             keys = torch.nonzero(a >= t).squeeze(1)
             seeds = (0x9E3779B9, 12345)
             ref = write_slots(keys, 37, torch.tensor(seeds, device=x.device), n)
@@ -493,6 +617,19 @@ def self_test(device: torch.device | str) -> str | None:
                 if not torch.equal(slots, ref) or (values and not torch.equal(
                         vals, torch.where(ref >= 0, x[ref.clamp(min=0)], 0.0))):
                     return "dragonn_slots differs from write_slots"
+            for check in (False, True):
+                slots, vals, found = dragonn_encode(
+                    x, t_dev, 37, *priority_layout(n),
+                    torch.tensor(seeds, dtype=torch.int64, device=x.device), check_finite=check)
+                if not torch.equal(slots, ref) or not torch.equal(
+                        vals, torch.where(ref >= 0, x[ref.clamp(min=0)], 0.0)) or (
+                        found.tolist() != [keys.numel(), 0]):
+                    return f"dragonn_encode (check_finite={check}) differs from write_slots"
+            found = dragonn_encode(one_nan, t_dev, 37, *priority_layout(n),
+                                   torch.tensor(seeds, dtype=torch.int64, device=x.device),
+                                   check_finite=True)[2]
+            if int(found[1]) == 0:
+                return "dragonn_encode (check_finite=True) misses a NaN"
         return None
     except Exception as exc:  # noqa: BLE001 (whatever fails: report it, take the torch path)
         return f"{type(exc).__name__}: {exc}"
