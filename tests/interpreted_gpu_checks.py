@@ -311,3 +311,55 @@ def test_dragonn_encode_flags_nan_and_inf_only_when_asked():
         kernels.dragonn_encode(acc, t, 64, *layout, torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="tensor on the device"):
         kernels.dragonn_encode(acc, 0.5, 64, *layout, seeds)
+
+
+def _topk_threshold(x: torch.Tensor, s: int, words: torch.Tensor, top: int) -> torch.Tensor:
+    seed = (int(words[1]) << 32) | int(words[0])
+    positions = counter_hash(torch.arange(s), seed).mul_(x.numel()).bitwise_right_shift_(32)
+    sample = x.abs()[positions]
+    return torch.topk(sample, top, sorted=False).values.min().clamp_min(2.0**-149)
+
+
+@pytest.mark.parametrize("n, s, top", [(1, 1, 1), (1000, 1000, 1), (50_000, 20_000, 20),
+                                       (300_001, 30_000, 30), (10, 5, 5),
+                                       (100_000, 10_000, 10_000), (100_000, 70_000, 69_999)])
+def test_sample_kth_is_the_top_th_largest_of_the_sample(n, s, top):
+    # the radix select gives exactly the value torch.topk(sample, top).values.min() gives
+    # (the last rank, the first, every rank inside one 16-bit digit)
+    x = _laplace(n, seed=n + top)
+    words = torch.tensor([n * 7 + 1, 2**32 - 1 - top])
+    assert torch.equal(kernels.sample_kth(x, s, words, top).reshape(()),
+                       _topk_threshold(x, s, words, top))
+
+
+@pytest.mark.parametrize("data", ["ties", "zeros", "tiny", "nan", "inf", "wide"])
+def test_sample_kth_on_ties_zeros_and_non_finite_samples(data):
+    n = 40_000
+    x = _laplace(n, seed=8)
+    if data == "ties":
+        x = (torch.arange(n) % 3).float().neg()  # three values, the top-th among many ties
+    elif data == "zeros":
+        x = torch.zeros(n)  # the clamp: the smallest positive float, not 0
+    elif data == "tiny":
+        x = torch.full((n,), 2.0**-140)  # subnormals compare by their bits too
+        x[::2] = 2.0**-149
+    elif data == "nan":
+        x[::97] = float("nan")  # topk ranks NaN first and min keeps it: NaN
+    elif data == "inf":
+        x[::5] = float("-inf")
+    elif data == "wide":
+        x = x * torch.logspace(-30, 30, n)  # every exponent: many high digits
+    words = torch.tensor([12345, 678])
+    for top in (1, 17, 4000):
+        got = kernels.sample_kth(x, 10_000, words, top).reshape(())
+        want = _topk_threshold(x, 10_000, words, top)
+        assert torch.equal(got, want) or (bool(got.isnan()) and bool(want.isnan())), (top, got)
+    with pytest.raises(ValueError, match="top=0"):
+        kernels.sample_kth(x, 100, words, 0)
+
+
+def test_sample_kth_self_test_passes_and_reports_a_wrong_value(monkeypatch):
+    assert kernels.sample_kth_self_test("cpu") is None
+    real = kernels.sample_kth
+    monkeypatch.setattr(kernels, "sample_kth", lambda *a: real(*a) * 2)
+    assert "differs from torch.topk" in kernels.sample_kth_self_test("cpu")
