@@ -101,9 +101,8 @@ def sample_threshold(
     Statistics are computed in float32 (float64 for float64 input); the result is one of
     acc's own magnitudes, so converting it back to acc's dtype is exact. On CUDA with the
     Triton kernels nothing here waits for the device: the seed stays there, read by the
-    sampling kernel, and the top-th largest comes from a radix select on the float bits
-    (compressors._native.gpu.sample_kth: three launches, exactly topk's value). A zero
-    threshold (an all-zero sample) is raised to the dtype's smallest positive value, so selection
+    sampling kernel. A zero threshold
+    (an all-zero sample) is raised to the dtype's smallest positive value, so selection
     means |acc| > 0: zeros are never sent (they carry nothing) and an all-zero or mostly
     zero tensor selects only its non-zeros instead of everything.
     """
@@ -115,15 +114,11 @@ def sample_threshold(
         top = k
     else:
         flat = acc.reshape(-1)
-        top = max(1, min(s, math.ceil(s * ratio * (1 - 1e-12))))
         if numel < 2**31:
             if flat.is_cuda and generator.device == flat.device and _native.supports(flat):
-                # the same two draws as draw_seed, left on the device for the kernels
+                # the same two draws as draw_seed, left on the device for the kernel
                 words = torch.randint(0, 1 << 32, (2,), generator=generator,
                                       dtype=torch.int64, device=flat.device)
-                if _native.supports_sample_kth(flat):
-                    # sample, top-th largest and clamp in three launches (radix select)
-                    return _native.sample_kth(flat, s, words, top).reshape(())
                 sample = _native.sample_abs(flat, s, words)
             elif _native.supports(flat):
                 sample = _native.sample_abs(flat, s, *seed_words(draw_seed(generator)))
@@ -137,6 +132,7 @@ def sample_threshold(
             positions = torch.randint(0, numel, (s,), generator=generator, device=acc.device)
             sample = flat.index_select(0, positions).abs()
         sample = sample.to(stat_dtype)
+        top = max(1, min(s, math.ceil(s * ratio * (1 - 1e-12))))
     if sample.device.type == "cpu":
         # The top-th largest (= the minimum of the top `top`) by a selection in place:
         # numpy's introselect, about twice as fast as torch.topk here.

@@ -570,34 +570,6 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
     return slots, out
 
 
-_kth_checked: dict = {}  # device -> None (sample_kth usable) or why not
-
-
-def supports_sample_kth(x: torch.Tensor) -> bool:
-    """Whether sample_kth takes x: a CUDA tensor the Triton kernels take, on a device where
-    gpu.sample_kth_self_test passed (checked once per device; a failure warns and leaves
-    the sampler on torch.topk)."""
-    if x.device.type != "cuda" or not supports(x):
-        return False
-    if x.device not in _kth_checked:
-        problem = _gpu().sample_kth_self_test(x.device)
-        if problem is not None:
-            warnings.warn(f"gradcomp's sample threshold kernels unusable on {x.device}, "
-                          f"using torch.topk ({problem})", RuntimeWarning, stacklevel=2)
-        _kth_checked[x.device] = problem
-    return _kth_checked[x.device] is None
-
-
-def sample_kth(x: torch.Tensor, s: int, words: torch.Tensor, top: int) -> torch.Tensor:
-    """DGC's sampled threshold on a CUDA x with no synchronisation: the top-th largest of
-    the s magnitudes sample_abs(x, s, words) reads, raised to the smallest positive float
-    (compressors._native.gpu.sample_kth; check supports_sample_kth first)."""
-    if not supports_sample_kth(x):
-        raise TypeError("sample_kth() takes a contiguous float32 CUDA tensor "
-                        "(check supports_sample_kth first)")
-    return _gpu().sample_kth(x, s, words, top)
-
-
 def supports_fused_dragonn(acc: torch.Tensor) -> bool:
     """Whether dragonn_encode takes acc: a CUDA tensor the Triton kernels take (supports)."""
     return acc.device.type == "cuda" and supports(acc)

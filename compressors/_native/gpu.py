@@ -54,17 +54,7 @@ SUB = 512  # the selection's granularity: hits are counted, and blocks skipped, 
 SUB_WARPS = 2  # warps per program of the selection's writing pass
 TILES = 4  # blocks per program of the reductions (count, stats): fewer partials to add
 SMALL_BLOCK = 1024  # per program of the passes over samples and candidates
-# the sample threshold's radix select (see _kth_low_kernel): counts per high and low
-# 16 bits of the float (the high digit of a non-negative float is below 2^15), then
-# the NaN count and two words of state
-_KTH_HIGH = 1 << 15
-_KTH_WORDS = 3 * _KTH_HIGH + 3
-KTH_PROGRAMS = 64  # programs of _kth_low_kernel (each reads the 32768 high counts)
-# DRAGONN's fused write: elements and warps per program, and the chunks within a program
-# (the hash is computed only in chunks holding a hit)
-FUSED_BLOCK = 4096
-FUSED_WARPS = 4
-FUSED_CHUNK = 512
+FUSED_CHUNK = 512  # DRAGONN's fused write: the hash is computed only in chunks with a hit
 _STATS = 7  # count, sum, sumsq, max, min, nonzero, log_sum
 
 
@@ -287,11 +277,10 @@ if triton is not None:
         return h ^ (h >> 15)
 
     @triton.jit(do_not_specialize=["n", "s", "k0", "k1"])
-    def _sample_kernel(x_ptr, n, s, k0, k1, out_ptr, hist_ptr, BLOCK: tl.constexpr,
-                       K_PTR: tl.constexpr, HIST: tl.constexpr, HIGH: tl.constexpr):
+    def _sample_kernel(x_ptr, n, s, k0, k1, out_ptr, BLOCK: tl.constexpr,
+                       K_PTR: tl.constexpr):
         # K_PTR: k0 is a device tensor holding the seed's two words (k1 unused), so the
-        # seed drawn on the device is never copied to the host. HIST: also count the
-        # sample by the high 16 bits of |x| (the first digit of _kth_*; NaNs apart)
+        # seed drawn on the device is never copied to the host
         pid = tl.program_id(0)
         i = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = i < s
@@ -304,73 +293,8 @@ if triton is not None:
         h = _mix32((i & 0xFFFFFFFF) ^ w0)
         h = _mix32(h ^ ((i >> 32) ^ w1))
         p = (h * n.to(tl.int64)) >> 32
-        v = tl.abs(tl.load(x_ptr + p, mask=inside, other=0.0))
-        tl.store(out_ptr + i, v, mask=inside)
-        if HIST:
-            bits = v.to(tl.int32, bitcast=True)
-            number = v == v
-            tl.atomic_add(hist_ptr + (bits >> 16), 1, mask=inside & number)
-            nans = tl.sum((inside & ~number).to(tl.int32), axis=0)
-            if nans > 0:
-                tl.atomic_add(hist_ptr + 3 * HIGH, nans)
-
-    # The top-th largest of a non-negative float32 sample (DGC's threshold), exactly
-    # torch.topk(sample, top).values.min(), by a radix select on the float bits (their
-    # order as integers is the order of the values): the sampling kernel (HIST) counts
-    # the sample per high 16 bits; _kth_low_kernel finds the high digit b that holds the
-    # top-th largest and counts the sample within b per low 16 bits; _kth_final_kernel
-    # finds the low digit and writes the value. Three launches, nothing read on the host.
-    # A NaN in the sample makes the result NaN (topk ranks NaN first, and min keeps it).
-    # The int32 workspace (HIGH = 2^15, as the high digit of a non-negative float is below
-    # it): HIGH high counts, 2·HIGH low counts, the NaN count, b, the rank within b.
-
-    @triton.jit
-    def _suffix_pick(h, idx, rank):
-        # the largest i with #{elements in digits >= i} >= rank, and #{in digits > i}
-        c = tl.cumsum(h, axis=0)
-        total = tl.sum(h, axis=0)
-        at = tl.sum(((total - c + h) >= rank).to(tl.int32), axis=0) - 1
-        above = tl.sum(tl.where(idx > at, h, 0), axis=0)
-        return at, above
-
-    @triton.jit(do_not_specialize=["s", "top", "per_program"])
-    def _kth_low_kernel(sample_ptr, s, top, hist_ptr, per_program, BLOCK: tl.constexpr,
-                        HIGH: tl.constexpr):
-        # every program finds b from the high counts (the same in all), then counts its
-        # share of the sample inside b by the low 16 bits
-        pid = tl.program_id(0)
-        idx = tl.arange(0, HIGH)
-        b, above = _suffix_pick(tl.load(hist_ptr + idx), idx, top)
-        if pid == 0:
-            tl.store(hist_ptr + 3 * HIGH + 1, b)
-            tl.store(hist_ptr + 3 * HIGH + 2, top - above)
-        start = pid.to(tl.int64) * per_program
-        for off in range(0, per_program, BLOCK):
-            k = start + off + tl.arange(0, BLOCK)
-            inside = (k < s) & (k < start + per_program)
-            v = tl.load(sample_ptr + k, mask=inside, other=0.0)
-            bits = v.to(tl.int32, bitcast=True)
-            hit = inside & ((bits >> 16) == b) & (v == v)
-            tl.atomic_add(hist_ptr + HIGH + (bits & 0xFFFF), 1, mask=hit)
-
-    @triton.jit
-    def _kth_final_kernel(hist_ptr, out_ptr, HIGH: tl.constexpr):
-        # the low digit in two halves (32768 counts each): the upper half holds the
-        # rank-th largest of b when it holds at least `rank` elements
-        b = tl.load(hist_ptr + 3 * HIGH + 1)
-        rank = tl.load(hist_ptr + 3 * HIGH + 2)
-        idx = tl.arange(0, HIGH)
-        upper = tl.load(hist_ptr + 2 * HIGH + idx)
-        in_upper = tl.sum(upper, axis=0)
-        at_u, _ = _suffix_pick(upper, idx, rank)
-        lower = tl.load(hist_ptr + HIGH + idx)
-        at_l, _ = _suffix_pick(lower, idx, rank - in_upper)
-        low = tl.where(in_upper >= rank, at_u + HIGH, at_l)
-        # at least the smallest positive float (bits 1): sample_threshold's clamp
-        bits = tl.maximum((b << 16) | low, 1)
-        v = bits.to(tl.float32, bitcast=True)
-        v = tl.where(tl.load(hist_ptr + 3 * HIGH) > 0, float("nan"), v)
-        tl.store(out_ptr, v)
+        v = tl.load(x_ptr + p, mask=inside, other=0.0)
+        tl.store(out_ptr + i, tl.abs(v), mask=inside)
 
     @triton.jit
     def _dragonn_slot(key, s0, s1, m, index_bits, priority_shift):
@@ -558,31 +482,7 @@ def sample_abs(x: torch.Tensor, s: int, k0: int | torch.Tensor, k1: int = 0) -> 
         raise ValueError("the seed tensor must hold two int64 words on the tensor's device")
     if s:
         _sample_kernel[_grid(s, SMALL_BLOCK)](x, x.numel(), s, k0, 0 if words else k1, out,
-                                              out, BLOCK=SMALL_BLOCK, K_PTR=words, HIST=False,
-                                              HIGH=_KTH_HIGH)
-    return out
-
-
-def sample_kth(x: torch.Tensor, s: int, words: torch.Tensor, top: int) -> torch.Tensor:
-    """DGC's sample threshold on the device: the top-th largest of the s magnitudes that
-    sample_abs(x, s, words) draws (exactly torch.topk(sample, top).values.min(); NaN when
-    the sample holds a NaN), raised to the smallest positive float32 (sample_threshold's
-    clamp). A one-element float32 tensor; three kernel launches, no synchronisation."""
-    if words.numel() != 2 or words.dtype != torch.int64 or words.device != x.device:
-        raise ValueError("the seed tensor must hold two int64 words on the tensor's device")
-    if not 1 <= top <= s:
-        raise ValueError(f"top={top} must lie in [1, s={s}]")
-    hist = torch.zeros(_KTH_WORDS, dtype=torch.int32, device=x.device)
-    sample = torch.empty(s, dtype=x.dtype, device=x.device)
-    _sample_kernel[_grid(s, SMALL_BLOCK)](x, x.numel(), s, words, 0, sample, hist,
-                                          BLOCK=SMALL_BLOCK, K_PTR=True, HIST=True,
-                                          HIGH=_KTH_HIGH)
-    programs = max(1, min(KTH_PROGRAMS, -(-s // SMALL_BLOCK)))
-    per_program = -(-s // programs)
-    _kth_low_kernel[(programs,)](sample, s, top, hist, per_program, BLOCK=SMALL_BLOCK,
-                                 HIGH=_KTH_HIGH, num_warps=16)
-    out = torch.empty(1, dtype=x.dtype, device=x.device)
-    _kth_final_kernel[(1,)](hist, out, HIGH=_KTH_HIGH, num_warps=16)
+                                              BLOCK=SMALL_BLOCK, K_PTR=words)
     return out
 
 
@@ -604,10 +504,9 @@ def dragonn_encode(x: torch.Tensor, t: torch.Tensor, m: int, index_bits: int,
         raise ValueError("the hash seeds must be two int64 on the tensor's device")
     packed = torch.full((m,), -1, dtype=torch.int64, device=x.device)
     found = torch.zeros(2, dtype=torch.int64, device=x.device)
-    _dragonn_fused_kernel[_grid(n, FUSED_BLOCK)](x, n, t, seeds, m, index_bits,
-                                                 32 - priority_bits, packed, found,
-                                                 CHECK=check_finite, BLOCK=FUSED_BLOCK,
-                                                 CHUNK=FUSED_CHUNK, num_warps=FUSED_WARPS)
+    _dragonn_fused_kernel[_grid(n, BLOCK)](x, n, t, seeds, m, index_bits, 32 - priority_bits,
+                                           packed, found, CHECK=check_finite, BLOCK=BLOCK,
+                                           CHUNK=FUSED_CHUNK, num_warps=WARPS)
     out = torch.empty(m, dtype=x.dtype, device=x.device)
     _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, x, out, VALUES=True,
                                                 BLOCK=SMALL_BLOCK)
@@ -629,34 +528,6 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
                                                 packed if out is None else out,
                                                 VALUES=values, BLOCK=SMALL_BLOCK)
     return packed, out
-
-
-def sample_kth_self_test(device: torch.device | str) -> str | None:
-    """sample_kth against torch.topk on `device` (ties, zeros, a NaN, all of the sample):
-    None when they agree, else what failed. Checked apart from self_test, so that a GPU
-    where only these kernels fail keeps the others (the sampler then sorts with topk)."""
-    from compressors.counter_stream import counter_hash  # noqa: PLC0415
-
-    try:
-        g = torch.Generator().manual_seed(1)
-        words = torch.tensor([0x9E3779B9, 0x7F4A7C15], dtype=torch.int64, device=device)
-        seed = (0x7F4A7C15 << 32) | 0x9E3779B9
-        base = torch.randn(70_001, generator=g).to(device)
-        ties = (torch.arange(70_001, device=device) % 5).float().neg_()
-        for x, s, top in ((base, 30_000, 30), (base, 5, 5), (ties, 20_000, 7_000),
-                          (torch.zeros(999, device=device), 500, 3)):
-            positions = (counter_hash(torch.arange(s, device=device), seed) * x.numel()) >> 32
-            want = torch.topk(x.abs()[positions], top, sorted=False).values.min()
-            want = want.clamp_min(2.0**-149)
-            if not torch.equal(sample_kth(x, s, words, top).reshape(()), want):
-                return f"sample_kth (s={s}, top={top}) differs from torch.topk"
-        nan = base.clone()
-        nan[::1000] = float("nan")  # 71 of them: the 30 000 draws hit some
-        if not bool(torch.isnan(sample_kth(nan, 30_000, words, 10))):
-            return "sample_kth misses a NaN in the sample"
-        return None
-    except Exception as exc:  # noqa: BLE001 (whatever fails: report it, take the torch path)
-        return f"{type(exc).__name__}: {exc}"
 
 
 def self_test(device: torch.device | str) -> str | None:
