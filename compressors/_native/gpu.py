@@ -54,7 +54,13 @@ SUB = 512  # the selection's granularity: hits are counted, and blocks skipped, 
 SUB_WARPS = 2  # warps per program of the selection's writing pass
 TILES = 4  # blocks per program of the reductions (count, stats): fewer partials to add
 SMALL_BLOCK = 1024  # per program of the passes over samples and candidates
-FUSED_CHUNK = 512  # DRAGONN's fused write: the hash is computed only in chunks with a hit
+# DRAGONN's fused write: elements and warps per program, and the chunks within a program
+# (the hash is computed only in chunks holding a hit). scripts/bench_gpu_parts.py's sweep
+# on the H100 at 128M (ms; floor 0.183): 4096/4 warps/512 0.333, chunks of 128 0.581,
+# 256 0.365, 1024 0.368; 8 warps 0.43; blocks of 2048 and 8192 within 3% of 4096.
+FUSED_BLOCK = 4096
+FUSED_WARPS = 4
+FUSED_CHUNK = 512
 _STATS = 7  # count, sum, sumsq, max, min, nonzero, log_sum
 
 
@@ -504,9 +510,10 @@ def dragonn_encode(x: torch.Tensor, t: torch.Tensor, m: int, index_bits: int,
         raise ValueError("the hash seeds must be two int64 on the tensor's device")
     packed = torch.full((m,), -1, dtype=torch.int64, device=x.device)
     found = torch.zeros(2, dtype=torch.int64, device=x.device)
-    _dragonn_fused_kernel[_grid(n, BLOCK)](x, n, t, seeds, m, index_bits, 32 - priority_bits,
-                                           packed, found, CHECK=check_finite, BLOCK=BLOCK,
-                                           CHUNK=FUSED_CHUNK, num_warps=WARPS)
+    _dragonn_fused_kernel[_grid(n, FUSED_BLOCK)](x, n, t, seeds, m, index_bits,
+                                                 32 - priority_bits, packed, found,
+                                                 CHECK=check_finite, BLOCK=FUSED_BLOCK,
+                                                 CHUNK=FUSED_CHUNK, num_warps=FUSED_WARPS)
     out = torch.empty(m, dtype=x.dtype, device=x.device)
     _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, x, out, VALUES=True,
                                                 BLOCK=SMALL_BLOCK)
