@@ -10,7 +10,8 @@ callers take their pure-torch reference path, which selects the same elements.
 
 On CUDA, stats, count, select, pool, sample_abs, dragonn_slots and all_finite dispatch to
 the Triton kernels of `gpu.py` (contiguous float32 tensors; `supports()` says which tensors
-are taken, `supports_cpu()` which ones the C++ library takes).
+are taken, `supports_cpu()` which ones the C++ library takes); dragonn_encode (DRAGONN's
+whole encode in one read, no synchronisation) exists on CUDA only.
 
 Environment:
   GRADCOMP_NATIVE=0          never build or load the library, nor use the Triton kernels
