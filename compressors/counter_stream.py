@@ -41,10 +41,16 @@ def seed_words(seed: int) -> tuple[int, int]:
     return seed & _MASK32, seed >> 32
 
 
+def draw_seed_words(generator: torch.Generator) -> torch.Tensor:
+    """One 64-bit stream seed as its (low, high) 32-bit words: two draws from a torch
+    generator, an int64 tensor left on the generator's device (no synchronisation)."""
+    return torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64,
+                         device=generator.device)
+
+
 def draw_seed(generator: torch.Generator) -> int:
-    """One 64-bit stream seed from a torch generator (two 32-bit draws)."""
-    lo, hi = torch.randint(0, 1 << 32, (2,), generator=generator, dtype=torch.int64,
-                           device=generator.device).tolist()
+    """One 64-bit stream seed from a torch generator (draw_seed_words, on the host)."""
+    lo, hi = draw_seed_words(generator).tolist()
     return (hi << 32) | lo
 
 

@@ -38,7 +38,7 @@ from compressors.base import (
 )
 from compressors.registry import register
 from compressors.requests import AllGather
-from compressors.counter_stream import counter_hash, draw_seed, seed_words
+from compressors.counter_stream import counter_hash, draw_seed, draw_seed_words, seed_words
 
 
 def check_sampling(sample_ratio: float, min_sample_top: int) -> tuple[float, int]:
@@ -101,10 +101,10 @@ def sample_threshold(
     Statistics are computed in float32 (float64 for float64 input); the result is one of
     acc's own magnitudes, so converting it back to acc's dtype is exact. On CUDA with the
     Triton kernels nothing here waits for the device: the seed stays there, read by the
-    sampling kernel. A zero threshold
-    (an all-zero sample) is raised to the dtype's smallest positive value, so selection
-    means |acc| > 0: zeros are never sent (they carry nothing) and an all-zero or mostly
-    zero tensor selects only its non-zeros instead of everything.
+    sampling kernel. A zero threshold (an all-zero sample) is raised to the dtype's
+    smallest positive value, so selection means |acc| > 0: zeros are never sent (they
+    carry nothing) and an all-zero or mostly zero tensor selects only its non-zeros
+    instead of everything.
     """
     numel = acc.numel()
     stat_dtype = torch.float64 if acc.dtype == torch.float64 else torch.float32
@@ -116,10 +116,8 @@ def sample_threshold(
         flat = acc.reshape(-1)
         if numel < 2**31:
             if flat.is_cuda and generator.device == flat.device and _native.supports(flat):
-                # the same two draws as draw_seed, left on the device for the kernel
-                words = torch.randint(0, 1 << 32, (2,), generator=generator,
-                                      dtype=torch.int64, device=flat.device)
-                sample = _native.sample_abs(flat, s, words)
+                # draw_seed's words, left on the device for the kernel
+                sample = _native.sample_abs(flat, s, draw_seed_words(generator))
             elif _native.supports(flat):
                 sample = _native.sample_abs(flat, s, *seed_words(draw_seed(generator)))
             else:

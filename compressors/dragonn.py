@@ -230,12 +230,12 @@ class Dragonn(Compressor):
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
+        seeds = draw_hash_seeds(ctx.generator, acc.device)
         fits = numel <= 2**32 and m < 2**31  # the native hash's integer ranges
         if fits and _native.supports_fused_dragonn(acc):
             # CUDA: one read of acc writes every candidate straight into its slot (the
             # memory does not depend on the candidates' order), threshold and seeds read
             # on the device: no compaction and no host synchronisation before the send.
-            seeds = draw_hash_seeds(ctx.generator, acc.device)
             slots, values, found = _native.dragonn_encode(
                 acc.reshape(-1), threshold.reshape(1), m, *priority_layout(numel), seeds,
                 check_finite=ctx.check_finite)
@@ -248,7 +248,6 @@ class Dragonn(Compressor):
                                             check_finite=ctx.check_finite)[0]
             else:
                 candidates = flat_nonzero(acc.abs() >= threshold)
-            seeds = draw_hash_seeds(ctx.generator, acc.device)
             if _native.supports(acc) and fits:
                 # The memory write and the value gather in one native loop over the
                 # candidates (the same integer operations as write_slots).

@@ -368,7 +368,8 @@ class _SIDCo(ThresholdSparsifier):
         history = ctx.state.get("speculation")
         if (history is None or not history["would_hold"] or len(ratios) < 2
                 or history["ratios"] != tuple(ratios[:2]) or acc.dtype != torch.float32
-                or acc.device.type != "cpu" or not acc.is_contiguous() or acc.numel() >= _native.NARROW_LIMIT):
+                or acc.device.type != "cpu" or not acc.is_contiguous()
+                or acc.numel() >= _native.NARROW_LIMIT):
             return None
         first, second = _guess(history["thresholds"])
         bounds = _bounds(first, second)

@@ -618,22 +618,20 @@ def self_test(device: torch.device | str) -> str | None:
                 return "sample_abs (seed on the device) differs from the counter stream's positions"
             keys = torch.nonzero(a >= t).squeeze(1)
             seeds = (0x9E3779B9, 12345)
-            ref = write_slots(keys, 37, torch.tensor(seeds, device=x.device), n)
+            seeds_dev = torch.tensor(seeds, dtype=torch.int64, device=x.device)
+            ref = write_slots(keys, 37, seeds_dev, n)
+            ref_vals = torch.where(ref >= 0, x[ref.clamp(min=0)], 0.0)
             for values in (True, False):
                 slots, vals = dragonn_slots(keys, 37, *priority_layout(n), seeds, x, values)
-                if not torch.equal(slots, ref) or (values and not torch.equal(
-                        vals, torch.where(ref >= 0, x[ref.clamp(min=0)], 0.0))):
+                if not torch.equal(slots, ref) or (values and not torch.equal(vals, ref_vals)):
                     return "dragonn_slots differs from write_slots"
             for check in (False, True):
-                slots, vals, found = dragonn_encode(
-                    x, t_dev, 37, *priority_layout(n),
-                    torch.tensor(seeds, dtype=torch.int64, device=x.device), check_finite=check)
-                if not torch.equal(slots, ref) or not torch.equal(
-                        vals, torch.where(ref >= 0, x[ref.clamp(min=0)], 0.0)) or (
+                slots, vals, found = dragonn_encode(x, t_dev, 37, *priority_layout(n), seeds_dev,
+                                                    check_finite=check)
+                if not torch.equal(slots, ref) or not torch.equal(vals, ref_vals) or (
                         found.tolist() != [keys.numel(), 0]):
                     return f"dragonn_encode (check_finite={check}) differs from write_slots"
-            found = dragonn_encode(one_nan, t_dev, 37, *priority_layout(n),
-                                   torch.tensor(seeds, dtype=torch.int64, device=x.device),
+            found = dragonn_encode(one_nan, t_dev, 37, *priority_layout(n), seeds_dev,
                                    check_finite=True)[2]
             if int(found[1]) == 0:
                 return "dragonn_encode (check_finite=True) misses a NaN"
