@@ -5,7 +5,6 @@ root:  python scripts/bench_gpu_host.py OUT.json [NUMEL (26000000)]
 results/bench/tenth-session-gpu/host-{26M,128M}.json are one run each (H100, torch 2.11;
 their sample_kth rows timed a radix-select threshold since reverted)."""
 import json
-import statistics
 import sys
 import time
 

@@ -5,15 +5,17 @@ against write_slots). Needs a CUDA device and Triton; run from the repository ro
 
     python scripts/bench_gpu_parts.py OUT.json        (SIZES=26000000,128000000 by default)
 
+DEV=cpu with TRITON_INTERPRET=1 (and small SIZES) is a dry run of the script on the CPU:
+one call per step under Triton's interpreter, wall time only.
+
 results/bench/tenth-session-gpu/parts-cuda-events.json is one run (H100, torch 2.11; that
 run also timed a radix-select sample threshold, since reverted: see results/bench/README.md).
 """
 import json
+import os
 import statistics
 import sys
 import time
-
-import os
 
 import torch
 
@@ -34,15 +36,15 @@ def laplace(n, seed=0):
 
 
 def ev(fn, reps=30):
-    for _ in range(3 if DEV != "cpu" else 0):
-        fn()
-    if DEV != "cpu":
-        torch.cuda.synchronize()
-    ts, ws = [], []
-    if DEV == "cpu":
+    """(median device ms by CUDA events, median wall ms with a synchronisation after)."""
+    if DEV == "cpu":  # the dry run: one call, wall time only
         w0 = time.perf_counter()
         fn()
         return 0.0, (time.perf_counter() - w0) * 1e3
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts, ws = [], []
     for _ in range(reps):
         s = torch.cuda.Event(enable_timing=True)
         e = torch.cuda.Event(enable_timing=True)
@@ -80,6 +82,7 @@ for n in SIZES:
     r["two_step_slots"] = ev(lambda: gpu.dragonn_slots(gpu.select(x, tf)[0], m, *layout,
                                                        seeds_int, x))
     ref = dragonn.write_slots(keys, m, seeds, n)
+    defaults = gpu.FUSED_CHUNK, gpu.FUSED_BLOCK, gpu.FUSED_WARPS
     for block in (2048, 4096, 8192):
         for warps in (4, 8):
             for chunk in (128, 256, 512, 1024):
@@ -88,7 +91,7 @@ for n in SIZES:
                 assert torch.equal(slots, ref) and int(found[0]) == keys.numel(), chunk
                 r[f"fused_b{block}_w{warps}_c{chunk}"] = ev(
                     lambda: gpu.dragonn_encode(x, t, m, *layout, seeds))[0]
-    gpu.FUSED_CHUNK, gpu.FUSED_BLOCK, gpu.FUSED_WARPS = 512, 4096, 4
+    gpu.FUSED_CHUNK, gpu.FUSED_BLOCK, gpu.FUSED_WARPS = defaults
     r["topk_sample"] = ev(lambda: torch.topk(a[: n // 100], n // 100 // 1000).values.min())
     out[n] = r
     print(n, json.dumps(r), flush=True)
