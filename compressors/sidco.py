@@ -284,10 +284,11 @@ class _SIDCo(ThresholdSparsifier):
         bounds = self._speculation_bounds(acc, ratios, ctx)
         spec = None
         if bounds is not None:
-            # Σ squares for a GP first stage or mid's GP fit; logs for a gamma first stage
+            # Σ squares for a GP first stage, mid's for its GP fit; logs for a gamma one
             st, *rest = _native.sidco_spec(
-                acc, *bounds, squares=first == "gpareto" or self.later_fit != "exponential",
-                logs=first == "gamma", room=_native.stream_room(acc.numel()))
+                acc, *bounds, squares=first == "gpareto", logs=first == "gamma",
+                mid_squares=self.later_fit != "exponential",
+                room=_native.stream_room(acc.numel()))
             spec = _Speculative(*bounds, *rest)
         else:
             st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")

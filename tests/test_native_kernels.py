@@ -306,19 +306,24 @@ def test_pool_ge_and_gt_differ_only_at_ties():
 
 
 @needs_native
-def test_portable_build_without_march_native_gives_the_same_results(tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", [[], ["-march=native", "-mno-avx512f"]],
+                         ids=["portable", "without-avx512"])
+def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     # The library is built with -march=native and, if that fails, without it (generic
-    # x86-64: no AVX, the scalar/vector-extension fallbacks). Build the fallback here and
-    # check it selects and counts what the native build does.
+    # x86-64: no AVX, the scalar/vector-extension fallbacks); on a CPU with AVX-512 the
+    # native build takes AVX-512 loops that a CPU with only AVX2 does not. Build the
+    # fallback, and the native build without AVX-512 (the same as the native one on a CPU
+    # without it), and check each selects and counts what the native build does.
     import ctypes
     import subprocess
 
-    cmd = [_native._compiler(), *_native._BASE_FLAGS,
+    cmd = [_native._compiler(), *_native._BASE_FLAGS, *arch,
            *(str(_native.HERE / s) for s in _native.SOURCES), "-o", str(tmp_path / "p.so")]
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
     portable = ctypes.CDLL(str(tmp_path / "p.so"))
     _native._declare(portable)
     x = _laplace(2 * _native.MIN_PER_THREAD + 37, seed=9)
+    x[::101] = 0.0  # zeros: left out of the nonzeros and of Σ ln|x|
     t = float(x.abs().quantile(0.95))
 
     def results():
@@ -334,7 +339,9 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
                                    torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, 2.0])),
                 _native.add_levels_(x.clone(), (x * 3e4).to(torch.int16),
                                     torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, -2.0])),
-                _native.sidco_spec(x, t / 3, t / 2, t, squares=True))
+                _native.sidco_spec(x, t / 3, t / 2, t, squares=True),
+                _native.stats(x, logs=True),
+                _native.sidco_spec(x, t / 3, t / 2, t, logs=True, mid_squares=True))
 
     expected = results()
     monkeypatch.setattr(_native, "_lib", portable)
@@ -355,6 +362,15 @@ def test_portable_build_without_march_native_gives_the_same_results(tmp_path, mo
     assert mid.count == mid_n.count and mid.count > 0
     assert mid.sum == pytest.approx(mid_n.sum, rel=1e-12)
     assert mid.sumsq == pytest.approx(mid_n.sumsq, rel=1e-12)
+    assert torch.equal(idx, idx_n) and torch.equal(val, val_n)
+    # Σ ln|x|: each build's own lanes (the same in its stats and its speculative read)
+    logs, logs_n = got[12], expected[12]
+    assert logs.nonzero == logs_n.nonzero == int((x != 0).sum())
+    assert logs.log_sum == pytest.approx(logs_n.log_sum, rel=1e-12)
+    (first, mid, idx, val), (first_n, mid_n, idx_n, val_n) = got[13], expected[13]
+    assert (first.nonzero, first.log_sum) == (logs.nonzero, logs.log_sum)
+    assert (first.count, first.sum, first.sumsq) == (first_n.count, first_n.sum, 0.0)
+    assert mid.count == mid_n.count and mid.sumsq == pytest.approx(mid_n.sumsq, rel=1e-12)
     assert torch.equal(idx, idx_n) and torch.equal(val, val_n)
 
 

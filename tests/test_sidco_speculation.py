@@ -32,12 +32,14 @@ def _f32(v: float) -> float:
 @pytest.mark.parametrize("n, threads", [(5, 1), (5, 2), (1000, 2), (2**15 + 13, 2),
                                         (300_001, 1), (300_001, 2), (600_007, 3),
                                         (600_007, 4)])
-@pytest.mark.parametrize("squares, logs", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("squares, mid_squares, logs",
+                         [(False, False, False), (False, True, False), (True, True, False),
+                          (False, True, True), (True, False, True)])
 @pytest.mark.parametrize("share", ["narrow", "wide"])
-def test_kernel_matches_its_definition(n, threads, squares, logs, share):
-    """The first statistics equal gc_stats' bit for bit (with `logs`, the nonzeros and
-    Σ ln|x| the gamma fit reads too); mid's count is exact and its
-    sums equal float64 sums; the stream is {w ≤ |x| < b} ∪ {|x| > g}, ascending, with
+def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, share):
+    """The first statistics equal gc_stats' bit for bit (Σy² only when asked; with `logs`,
+    the nonzeros and Σ ln|x| the gamma fit reads too); mid's count is exact and its
+    sums (Σ|x|, or Σz and Σz² with mid_squares) equal float64 sums; the stream is {w ≤ |x| < b} ∪ {|x| > g}, ascending, with
     |x|; bounds equal to elements (ties) compare as torch compares in float32. Each
     thread writes its part of the stream where its elements start, then the parts are
     moved together: by all threads where a part's new place is clear of its old one (a
@@ -49,9 +51,11 @@ def test_kernel_matches_its_definition(n, threads, squares, logs, share):
     w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in bounds)
     b = b + 1e-12  # not a float32: rounded as torch rounds it
     first, mid, idx, val = with_threads(
-        threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares, logs=logs))
+        threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares, logs=logs,
+                                            mid_squares=mid_squares))
     plain = _native.stats(x, squares=squares, logs=logs)
     assert (first.count, first.sum, first.sumsq) == (plain.count, plain.sum, plain.sumsq)
+    assert (first.sumsq > 0) == squares
     if logs:
         assert (first.nonzero, first.log_sum) == (plain.nonzero, plain.log_sum)
         assert first.nonzero == int((x != 0).sum()) < n
@@ -59,7 +63,7 @@ def test_kernel_matches_its_definition(n, threads, squares, logs, share):
     in_mid = (mag >= bf) & (mag <= gf)
     assert mid.count == int(in_mid.sum())
     a = mag[in_mid].double()
-    if squares:
+    if mid_squares:
         z = a - bf
         assert mid.sum == pytest.approx(float(z.sum()), rel=1e-12, abs=1e-300)
         assert mid.sumsq == pytest.approx(float((z * z).sum()), rel=1e-12, abs=1e-300)

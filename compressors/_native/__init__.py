@@ -42,7 +42,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 11
+ABI_VERSION = 12
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -417,14 +417,16 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
 def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                squares: bool = False, logs: bool = False,
                room: tuple[torch.Tensor, torch.Tensor] | None = None,
+               mid_squares: bool | None = None,
                ) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
     elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...,
-    logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count, Σz
-    and Σz² of z = |x| − upper over upper ≤ |x| ≤ pool_above, where `upper` is rounded to
-    float32 first; the int32 positions and the |x|
-    of the stream, ascending: window ≤ |x| < upper, and |x| > pool_above). The bounds
-    compare in float32 as torch does; window ≤ upper ≤ pool_above. One read pass.
+    logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count and
+    Σ|x| over upper ≤ |x| ≤ pool_above, or with `mid_squares` (default: `squares`) the
+    count, Σz and Σz² of z = |x| − upper there, where `upper` is rounded to float32 first;
+    the int32 positions and the |x| of the stream, ascending: window ≤ |x| < upper, and
+    |x| > pool_above). The bounds compare in float32 as torch does; window ≤ upper ≤
+    pool_above. One read pass.
 
     The stream is written straight where it is returned: into `room`, a contiguous int32
     and a float32 CPU tensor of at least x.numel() elements each that the caller keeps
@@ -445,7 +447,9 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                         f"{val.dtype} × {val.numel()}")
     out = (ctypes.c_double * 10)()
     total = _C_INT64(0)
-    if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), int(squares), int(logs),
+    mid_squares = squares if mid_squares is None else mid_squares
+    flags = (1 if squares else 0) | (2 if mid_squares else 0)
+    if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), flags, int(logs),
                                 float(window), float(upper), float(pool_above),
                                 idx.data_ptr(), val.data_ptr(), out, ctypes.byref(total)):
         raise MemoryError("native sidco_spec could not allocate its partial sums")

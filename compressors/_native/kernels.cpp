@@ -35,8 +35,9 @@ struct Partial {
 
 
 // Σ ln a over a > 0 of a block, as Σ exponents·ln2 + ln Π mantissas (mantissas in [1, 2)
-// multiplied per lane, renormalised every 256 elements so products stay finite). The
-// float is widened to double first, so float denormals are ordinary doubles.
+// multiplied per lane, renormalised every 256 elements so products stay finite); ∞ with
+// an infinity. The float is widened to double first, so float denormals are ordinary
+// doubles.
 template <typename T>
 double block_log_sum(const T* x, int64_t n) {
   const v4l mant = {0x000FFFFFFFFFFFFFll, 0x000FFFFFFFFFFFFFll, 0x000FFFFFFFFFFFFFll,
@@ -44,9 +45,9 @@ double block_log_sum(const T* x, int64_t n) {
   const v4l one = {0x3FF0000000000000ll, 0x3FF0000000000000ll, 0x3FF0000000000000ll,
                    0x3FF0000000000000ll};
   const v4l bias = {1023, 1023, 1023, 1023};
-  const v4d zero = {0, 0, 0, 0};
+  const v4d zero = {0, 0, 0, 0}, inf = zero + INFINITY;
   v4d prod = {1, 1, 1, 1};
-  v4l expo = {0, 0, 0, 0};
+  v4l expo = {0, 0, 0, 0}, infinite = {0, 0, 0, 0};
   int64_t i = 0;
   while (i < n) {
     const int64_t stop = std::min<int64_t>(n, i + 256);
@@ -54,6 +55,7 @@ double block_log_sum(const T* x, int64_t n) {
       const v4d a = vabs(load4(x + i));
       const v4l bits = (v4l)a;
       const v4l pos = a > zero;
+      infinite |= a == inf;
       const v4d m = (v4d)((bits & mant) | one);
       prod *= (v4d)(((v4l)m & pos) | (one & ~pos));
       // Logical shift (the sign bit is clear): AVX2 has it for 64-bit lanes.
@@ -61,6 +63,7 @@ double block_log_sum(const T* x, int64_t n) {
     }
     for (; i < stop; ++i) {
       const double a = std::fabs(static_cast<double>(x[i]));
+      infinite[0] |= a == INFINITY;
       if (a > 0) {
         int e;
         const double m = std::frexp(a, &e);  // [0.5, 1)
@@ -76,11 +79,71 @@ double block_log_sum(const T* x, int64_t n) {
   }
   double logs = 0;
   int64_t e_total = 0;
-  for (int l = 0; l < 4; ++l) { logs += std::log(prod[l]); e_total += expo[l]; }
+  for (int l = 0; l < 4; ++l) {
+    if (infinite[l]) return INFINITY;  // ln ∞ (NaNs are left out: not > 0)
+    logs += std::log(prod[l]); e_total += expo[l];
+  }
   return logs + static_cast<double>(e_total) * 0.69314718055994530942;
 }
 
-#if defined(__AVX2__)
+#if defined(__AVX512F__)
+// float32 with AVX-512: Σ ln a = Σ e·ln2 + ln Π m for a = m·2^e, m in [1, 2), with e and m
+// taken by getexp and getmant (exact, subnormals included; zeros masked out: e 0, m 1).
+// The exponents are added in float32 lanes (integers, exact below 2^24: at most 4096
+// elements of |e| ≤ 149 between reductions); the mantissas widened and multiplied in two
+// chains of eight double lanes, brought back to [1, 2) every 4096 elements (a lane's
+// product of at most 256 numbers in [1, 2) stays finite). An infinity or a NaN makes the
+// exponent sum non-finite: such a block is summed by the widening loop above. The
+// nonzeros (bits of |x| not zero) are counted on the way, for the caller.
+inline double block_log_sum(const float* x, int64_t n, int64_t* nonzero_out = nullptr) {
+  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
+  const __m512 one = _mm512_set1_ps(1.0f);
+  __m512d p0 = _mm512_set1_pd(1.0), p1 = p0;
+  double expo = 0;  // a sum of integers far below 2^53: exact
+  int64_t count = 0, i = 0;
+  bool finite = true;
+  while (i < n && finite) {
+    const int64_t stop = std::min<int64_t>(n, i + 4096);
+    __m512 e = _mm512_setzero_ps();
+    for (; i < stop; i += 16) {
+      // the last few elements by a masked load: the lanes past the end read as zeros
+      const __mmask16 in = stop - i >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                          : static_cast<__mmask16>((1u << (stop - i)) - 1);
+      const __m512 v = _mm512_maskz_loadu_ps(in, x + i);
+      const __mmask16 nz = _mm512_test_epi32_mask(_mm512_castps_si512(v), absmask);
+      count += __builtin_popcount(static_cast<unsigned>(nz));
+      e = _mm512_add_ps(e, _mm512_maskz_getexp_ps(nz, v));
+      const __m512 m = _mm512_mask_getmant_ps(one, nz, v, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+      p0 = _mm512_mul_pd(p0, _mm512_cvtps_pd(_mm512_castps512_ps256(m)));
+      p1 = _mm512_mul_pd(p1, _mm512_cvtps_pd(
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1))));
+    }
+    i = stop;
+    const float es = _mm512_reduce_add_ps(e);
+    finite = std::isfinite(es);
+    expo += static_cast<double>(es) + _mm512_reduce_add_pd(_mm512_getexp_pd(p0)) +
+            _mm512_reduce_add_pd(_mm512_getexp_pd(p1));
+    p0 = _mm512_getmant_pd(p0, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+    p1 = _mm512_getmant_pd(p1, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+  }
+  if (!finite) {  // the rest of the nonzeros, then the widening loop's sum
+    for (; i < n; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof bits);
+      count += (bits & 0x7FFFFFFFu) != 0;
+    }
+    if (nonzero_out) *nonzero_out = count;
+    return block_log_sum<float>(x, n);
+  }
+  if (nonzero_out) *nonzero_out = count;
+  alignas(64) double pl[16];
+  _mm512_store_pd(pl, p0);
+  _mm512_store_pd(pl + 8, p1);
+  double prod = 1.0;
+  for (int l = 0; l < 16; ++l) prod *= pl[l];  // each in [1, 2): below 2^16, finite
+  return std::log(prod) + expo * 0.69314718055994530942;
+}
+#elif defined(__AVX2__)
 // float32 with AVX2: the same sum from the float bits, without widening every element.
 // For a normal float a = 1.f·2^(E−127), ln a = ln 1.f + (E − 127)·ln 2: the exponent fields
 // E are added in int32 lanes, and the mantissas 1.f (exact as floats) widened and
@@ -827,7 +890,7 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
 // SIDCo's speculative first read (float32, n < NARROW_LIMIT): the first stage's statistics
 // and, in the same read, what the next two stages need if the thresholds land where the
 // previous step's did (compressors/sidco.py):
-//   all:  count, Σ|x| (and Σx² with SQ) of every element: the same lanes, order and block
+//   all:  count, Σ|x| (and Σx² with SQA) of every element: the same lanes, order and block
 //         partials as gc_stats (block_all_f32), so η₁ equals the plain path's bit for bit;
 //   mid:  count and Σ|x| (without SQ), or count, Σz and Σz² of z = |x| − b (with SQ), over
 //         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool;
@@ -838,7 +901,7 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
 // One block's stream is written to idx32/val from k on and the new k returned. The stores
 // are 8 lanes wide whatever the hits: they stay inside the room of the elements read so
 // far plus the 8 being read, when the thread's stream starts at its first element.
-template <bool SQ>
+template <bool SQA, bool SQ>
 int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
                    Partial& all, Partial& mid, int32_t* idx32, float* val, int64_t k) {
   const double shift = SQ ? static_cast<double>(b) : 0.0;
@@ -846,13 +909,62 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
   int64_t cnt = 0;
   int64_t i = lo;
+#if defined(__AVX512F__)
+  {
+    // 16 elements a step: comparisons into mask registers, the sums as masked adds of the
+    // widened |x| (adding nothing where the AVX2 loop below adds a zeroed lane: the same
+    // bits, as S's halves are s0 and s1 in that loop's order), the stream compressed in
+    // registers (a compress to memory is slow on some CPUs) and stored 16 lanes wide.
+    const __m512 wv = _mm512_set1_ps(w), bv = _mm512_set1_ps(b), gv = _mm512_set1_ps(g);
+    const __m512d sh = _mm512_set1_pd(shift);
+    __m512d S = _mm512_setzero_pd(), Q = S, M = S, R = S;
+    __m512i pos = _mm512_add_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(static_cast<int32_t>(lo)));
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    for (; i + 16 <= hi; i += 16) {
+      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+      const __m512d y0 = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
+      const __m512d y1 = _mm512_cvtps_pd(
+          _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+      S = _mm512_add_pd(_mm512_add_pd(S, y0), y1);
+      if (SQA) Q = _mm512_add_pd(_mm512_add_pd(Q, _mm512_mul_pd(y0, y0)), _mm512_mul_pd(y1, y1));
+      const __mmask16 geb = _mm512_cmp_ps_mask(a, bv, _CMP_GE_OQ);
+      const __mmask16 gtg = _mm512_cmp_ps_mask(a, gv, _CMP_GT_OQ);
+      const unsigned inmid = static_cast<unsigned>(geb) & ~static_cast<unsigned>(gtg);
+      cnt += __builtin_popcount(inmid);
+      const __mmask8 k0 = static_cast<__mmask8>(inmid), k1 = static_cast<__mmask8>(inmid >> 8);
+      if (SQ) {  // z = |x| − b where in mid
+        const __m512d z0 = _mm512_sub_pd(y0, sh), z1 = _mm512_sub_pd(y1, sh);
+        M = _mm512_mask_add_pd(M, k0, M, z0);
+        M = _mm512_mask_add_pd(M, k1, M, z1);
+        R = _mm512_mask_add_pd(R, k0, R, _mm512_mul_pd(z0, z0));
+        R = _mm512_mask_add_pd(R, k1, R, _mm512_mul_pd(z1, z1));
+      } else {  // |x| where in mid
+        M = _mm512_mask_add_pd(M, k0, M, y0);
+        M = _mm512_mask_add_pd(M, k1, M, y1);
+      }
+      const __mmask16 gew = _mm512_cmp_ps_mask(a, wv, _CMP_GE_OQ);
+      const __mmask16 m = static_cast<__mmask16>(
+          (static_cast<unsigned>(gew) & ~static_cast<unsigned>(geb)) | gtg);
+      _mm512_storeu_ps(val + k, _mm512_maskz_compress_ps(m, a));
+      _mm512_storeu_si512(idx32 + k, _mm512_maskz_compress_epi32(m, pos));
+      k += __builtin_popcount(static_cast<unsigned>(m));
+      pos = _mm512_add_epi32(pos, sixteen);
+    }
+    s0 = (v4d)_mm512_castpd512_pd256(S); s1 = (v4d)_mm512_extractf64x4_pd(S, 1);
+    q0 = (v4d)_mm512_castpd512_pd256(Q); q1 = (v4d)_mm512_extractf64x4_pd(Q, 1);
+    m0 = (v4d)_mm512_castpd512_pd256(M); m1 = (v4d)_mm512_extractf64x4_pd(M, 1);
+    r0 = (v4d)_mm512_castpd512_pd256(R); r1 = (v4d)_mm512_extractf64x4_pd(R, 1);
+  }
+#endif
 #if defined(__AVX2__)
   {
     const __m256 wv = _mm256_set1_ps(w), bv = _mm256_set1_ps(b), gv = _mm256_set1_ps(g);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
     const v4d sh = {shift, shift, shift, shift};
     __m256i pos = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                   _mm256_set1_epi32(static_cast<int32_t>(lo)));
+                                   _mm256_set1_epi32(static_cast<int32_t>(i)));
     const __m256i eight = _mm256_set1_epi32(8);
     __m256i c = _mm256_setzero_si256();
     for (; i + 8 <= hi; i += 8) {
@@ -861,7 +973,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       widen8(reinterpret_cast<v8f>(a), y0, y1);
       s0 += y0;
       s1 += y1;
-      if (SQ) {
+      if (SQA) {
         q0 += y0 * y0;
         q1 += y1 * y1;
       }
@@ -901,7 +1013,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   double s = hsum(s0 + s1), q = hsum(q0 + q1), ms = hsum(m0 + m1), mq = hsum(r0 + r1);
 #if !defined(__AVX2__)
   // no merged loop: the first statistics as gc_stats computes them, then the rest below
-  block_all_f32<SQ, false, false>(x + lo, hi - lo, 0.0, all);
+  block_all_f32<SQA, false, false>(x + lo, hi - lo, 0.0, all);
 #endif
   for (; i < hi; ++i) {  // as block_all_f32's tail (y = |x| − 0 is |x|)
     const float af = std::fabs(x[i]);
@@ -917,7 +1029,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     k += (af >= w && af < b) || af > g;
   }
 #if defined(__AVX2__)
-  all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQ ? q : 0.0;
+  all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQA ? q : 0.0;
   all.max = -1; all.min = INFINITY; all.nonzero = 0;
 #endif
   mid.count = static_cast<double>(cnt); mid.sum = ms; mid.sumsq = SQ ? mq : 0.0;
@@ -936,9 +1048,11 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
   return total;
 }
 
-// out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with `squares`,
+// `squares`: bit 0 asks for every element's Σy², bit 1 for mid's Σz and Σz² (a gamma first
+// stage followed by GP fits needs only the latter).
+// out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with bit 0,
 // nonzeros and Σ ln|x| with `logs`);
-// out[7..9]: mid's count, Σ (Σ|x|, or Σz with `squares`) and Σz² (with `squares`).
+// out[7..9]: mid's count, Σ (Σ|x|, or Σz with bit 1) and Σz² (with bit 1).
 // The stream is written straight into idx32/val (room for n each) and read there by the
 // caller, as idx32[0, *total): no per-thread buffers to copy it out of. Thread t writes its
 // stream forwards from R_t, the first of its elements (room for all of them is there);
@@ -960,8 +1074,11 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
       int64_t k = r0;
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
-        k = squares ? block_spec<true>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k)
-                    : block_spec<false>(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k);
+        auto spec = squares == 3   ? block_spec<true, true>
+                    : squares == 2 ? block_spec<false, true>
+                    : squares == 1 ? block_spec<true, false>
+                                   : block_spec<false, false>;
+        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k);
         if (logs) {  // the gamma fit's nonzeros and Σ ln|x|, as gc_stats has them (in cache)
 #if defined(__AVX2__)
           int64_t nonzero = 0;
@@ -1494,7 +1611,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 11; }
+int gc_abi_version() { return 12; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
