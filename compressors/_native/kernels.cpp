@@ -95,53 +95,73 @@ double block_log_sum(const T* x, int64_t n) {
 // product of at most 256 numbers in [1, 2) stays finite). An infinity or a NaN makes the
 // exponent sum non-finite: such a block is summed by the widening loop above. The
 // nonzeros (bits of |x| not zero) are counted on the way, for the caller.
-inline double block_log_sum(const float* x, int64_t n, int64_t* nonzero_out = nullptr) {
-  const __m512i absmask = _mm512_set1_epi32(0x7FFFFFFF);
-  const __m512 one = _mm512_set1_ps(1.0f);
-  __m512d p0 = _mm512_set1_pd(1.0), p1 = p0;
+// One block's running sum, 16 elements a step (also used inside SIDCo's speculative read,
+// block_spec, where the elements are already loaded: the same steps, so the same bits).
+struct LogSum16 {
+  __m512d p0 = _mm512_set1_pd(1.0), p1 = _mm512_set1_pd(1.0);
+  __m512 e = _mm512_setzero_ps();
   double expo = 0;  // a sum of integers far below 2^53: exact
-  int64_t count = 0, i = 0;
+  int64_t count = 0;
   bool finite = true;
-  while (i < n && finite) {
-    const int64_t stop = std::min<int64_t>(n, i + 4096);
-    __m512 e = _mm512_setzero_ps();
-    for (; i < stop; i += 16) {
-      // the last few elements by a masked load: the lanes past the end read as zeros
-      const __mmask16 in = stop - i >= 16 ? static_cast<__mmask16>(0xFFFF)
-                                          : static_cast<__mmask16>((1u << (stop - i)) - 1);
-      const __m512 v = _mm512_maskz_loadu_ps(in, x + i);
-      const __mmask16 nz = _mm512_test_epi32_mask(_mm512_castps_si512(v), absmask);
-      count += __builtin_popcount(static_cast<unsigned>(nz));
-      e = _mm512_add_ps(e, _mm512_maskz_getexp_ps(nz, v));
-      const __m512 m = _mm512_mask_getmant_ps(one, nz, v, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
-      p0 = _mm512_mul_pd(p0, _mm512_cvtps_pd(_mm512_castps512_ps256(m)));
-      p1 = _mm512_mul_pd(p1, _mm512_cvtps_pd(
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1))));
-    }
-    i = stop;
+
+  // a = |x| of 16 elements (zeros in lanes past the end)
+  void add(__m512 a) {
+    const __mmask16 nz = _mm512_test_epi32_mask(_mm512_castps_si512(a), _mm512_castps_si512(a));
+    count += __builtin_popcount(static_cast<unsigned>(nz));
+    e = _mm512_add_ps(e, _mm512_maskz_getexp_ps(nz, a));
+    const __m512 m = _mm512_mask_getmant_ps(_mm512_set1_ps(1.0f), nz, a, _MM_MANT_NORM_1_2,
+                                            _MM_MANT_SIGN_zero);
+    p0 = _mm512_mul_pd(p0, _mm512_cvtps_pd(_mm512_castps512_ps256(m)));
+    p1 = _mm512_mul_pd(p1, _mm512_cvtps_pd(
+                               _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1))));
+  }
+  // after each 4096 elements of the block and at its end (again at once: no change)
+  void renormalise() {
     const float es = _mm512_reduce_add_ps(e);
-    finite = std::isfinite(es);
+    finite = finite && std::isfinite(es);
     expo += static_cast<double>(es) + _mm512_reduce_add_pd(_mm512_getexp_pd(p0)) +
             _mm512_reduce_add_pd(_mm512_getexp_pd(p1));
     p0 = _mm512_getmant_pd(p0, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
     p1 = _mm512_getmant_pd(p1, _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero);
+    e = _mm512_setzero_ps();
   }
-  if (!finite) {  // the rest of the nonzeros, then the widening loop's sum
-    for (; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, sizeof bits);
-      count += (bits & 0x7FFFFFFFu) != 0;
+  // the block's Σ ln|x| (x, n: the whole block, read again by the widening loop when an
+  // infinity or a NaN was met); its nonzeros into *nonzero_out
+  double finish(const float* x, int64_t n, int64_t* nonzero_out) {
+    if (!finite) {
+      int64_t nonzero = 0;
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, x + i, sizeof bits);
+        nonzero += (bits & 0x7FFFFFFFu) != 0;
+      }
+      if (nonzero_out) *nonzero_out = nonzero;
+      return block_log_sum<float>(x, n);
     }
     if (nonzero_out) *nonzero_out = count;
-    return block_log_sum<float>(x, n);
+    alignas(64) double pl[16];
+    _mm512_store_pd(pl, p0);
+    _mm512_store_pd(pl + 8, p1);
+    double prod = 1.0;
+    for (int l = 0; l < 16; ++l) prod *= pl[l];  // each in [1, 2): below 2^16, finite
+    return std::log(prod) + expo * 0.69314718055994530942;
   }
-  if (nonzero_out) *nonzero_out = count;
-  alignas(64) double pl[16];
-  _mm512_store_pd(pl, p0);
-  _mm512_store_pd(pl + 8, p1);
-  double prod = 1.0;
-  for (int l = 0; l < 16; ++l) prod *= pl[l];  // each in [1, 2): below 2^16, finite
-  return std::log(prod) + expo * 0.69314718055994530942;
+};
+
+inline __m512 abs_tail16(const float* x, int64_t left) {  // the last < 16 elements, zeros after
+  return _mm512_abs_ps(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1), x));
+}
+
+inline double block_log_sum(const float* x, int64_t n, int64_t* nonzero_out = nullptr) {
+  LogSum16 sum;
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    sum.add(_mm512_abs_ps(_mm512_loadu_ps(x + i)));
+    if ((i + 16) % 4096 == 0) sum.renormalise();
+  }
+  if (i < n) sum.add(abs_tail16(x + i, n - i));
+  sum.renormalise();
+  return sum.finish(x, n, nonzero_out);
 }
 #elif defined(__AVX2__)
 // float32 with AVX2: the same sum from the float bits, without widening every element.
@@ -886,6 +906,18 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
   });
 }
 
+// #{|x| > 0} of a float32 stretch (the predicate of block_all_f32's nonzero count).
+inline int64_t count_nonzero(const float* x, int64_t n) {
+  const v8f zero = {0, 0, 0, 0, 0, 0, 0, 0};
+  v8i c = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) c -= vabs8(load8(x + i)) > zero;
+  int64_t total = 0;
+  for (int l = 0; l < 8; ++l) total += c[l];
+  for (; i < n; ++i) total += std::fabs(x[i]) > 0.0f;
+  return total;
+}
+
 // ---------------------------------------------------------------------------------------
 // SIDCo's speculative first read (float32, n < NARROW_LIMIT): the first stage's statistics
 // and, in the same read, what the next two stages need if the thresholds land where the
@@ -901,7 +933,7 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
 // One block's stream is written to idx32/val from k on and the new k returned. The stores
 // are 8 lanes wide whatever the hits: they stay inside the room of the elements read so
 // far plus the 8 being read, when the thread's stream starts at its first element.
-template <bool SQA, bool SQ>
+template <bool SQA, bool SQ, bool LOG>
 int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
                    Partial& all, Partial& mid, int32_t* idx32, float* val, int64_t k) {
   const double shift = SQ ? static_cast<double>(b) : 0.0;
@@ -909,8 +941,11 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
   int64_t cnt = 0;
   int64_t i = lo;
+  double log_sum = 0;
+  int64_t nonzero = 0;
 #if defined(__AVX512F__)
   {
+    LogSum16 logs;  // with LOG: block_log_sum's steps on the |x| loaded here
     // 16 elements a step: comparisons into mask registers, the sums as masked adds of the
     // widened |x| (adding nothing where the AVX2 loop below adds a zeroed lane: the same
     // bits, as S's halves are s0 and s1 in that loop's order), the stream compressed in
@@ -924,6 +959,10 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const __m512i sixteen = _mm512_set1_epi32(16);
     for (; i + 16 <= hi; i += 16) {
       const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+      if (LOG) {
+        logs.add(a);
+        if ((i - lo + 16) % 4096 == 0) logs.renormalise();
+      }
       const __m512d y0 = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
       const __m512d y1 = _mm512_cvtps_pd(
           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
@@ -956,6 +995,18 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     q0 = (v4d)_mm512_castpd512_pd256(Q); q1 = (v4d)_mm512_extractf64x4_pd(Q, 1);
     m0 = (v4d)_mm512_castpd512_pd256(M); m1 = (v4d)_mm512_extractf64x4_pd(M, 1);
     r0 = (v4d)_mm512_castpd512_pd256(R); r1 = (v4d)_mm512_extractf64x4_pd(R, 1);
+    if (LOG) {
+      if (i < hi) logs.add(abs_tail16(x + i, hi - i));
+      logs.renormalise();
+      log_sum = logs.finish(x + lo, hi - lo, &nonzero);
+    }
+  }
+#elif defined(__AVX2__)
+  if (LOG) log_sum = block_log_sum(x + lo, hi - lo, &nonzero);
+#else
+  if (LOG) {
+    log_sum = block_log_sum(x + lo, hi - lo);
+    nonzero = count_nonzero(x + lo, hi - lo);
   }
 #endif
 #if defined(__AVX2__)
@@ -1032,20 +1083,12 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQA ? q : 0.0;
   all.max = -1; all.min = INFINITY; all.nonzero = 0;
 #endif
+  if (LOG) {  // the gamma fit's nonzeros and Σ ln|x|, as gc_stats has them
+    all.log_sum = log_sum;
+    all.nonzero = static_cast<double>(nonzero);
+  }
   mid.count = static_cast<double>(cnt); mid.sum = ms; mid.sumsq = SQ ? mq : 0.0;
   return k;
-}
-
-// #{|x| > 0} of a float32 stretch (the predicate of block_all_f32's nonzero count).
-inline int64_t count_nonzero(const float* x, int64_t n) {
-  const v8f zero = {0, 0, 0, 0, 0, 0, 0, 0};
-  v8i c = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) c -= vabs8(load8(x + i)) > zero;
-  int64_t total = 0;
-  for (int l = 0; l < 8; ++l) total += c[l];
-  for (; i < n; ++i) total += std::fabs(x[i]) > 0.0f;
-  return total;
 }
 
 // `squares`: bit 0 asks for every element's Σy², bit 1 for mid's Σz and Σz² (a gamma first
@@ -1066,6 +1109,15 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
   const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
   std::vector<Partial> all, mid;
   std::vector<int64_t> first(nth), count(nth);  // each thread's run
+  // squares' bit 0: every element's Σy², bit 1: mid's
+  typedef int64_t (*Spec)(const float*, int64_t, int64_t, float, float, float, Partial&,
+                          Partial&, int32_t*, float*, int64_t);
+  static const Spec kinds[8] = {
+      block_spec<false, false, false>, block_spec<true, false, false>,
+      block_spec<false, true, false>,  block_spec<true, true, false>,
+      block_spec<false, false, true>,  block_spec<true, false, true>,
+      block_spec<false, true, true>,   block_spec<true, true, true>};
+  const Spec spec = kinds[(squares & 3) | (logs ? 4 : 0)];
   try {
     all.resize(blocks);
     mid.resize(blocks);
@@ -1074,21 +1126,7 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
       int64_t k = r0;
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
-        auto spec = squares == 3   ? block_spec<true, true>
-                    : squares == 2 ? block_spec<false, true>
-                    : squares == 1 ? block_spec<true, false>
-                                   : block_spec<false, false>;
         k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k);
-        if (logs) {  // the gamma fit's nonzeros and Σ ln|x|, as gc_stats has them (in cache)
-#if defined(__AVX2__)
-          int64_t nonzero = 0;
-          all[blk].log_sum = block_log_sum(x + lo, hi - lo, &nonzero);
-          all[blk].nonzero = static_cast<double>(nonzero);
-#else
-          all[blk].log_sum = block_log_sum(x + lo, hi - lo);
-          all[blk].nonzero = static_cast<double>(count_nonzero(x + lo, hi - lo));
-#endif
-        }
       }
       first[t] = r0;
       count[t] = k - r0;
