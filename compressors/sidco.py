@@ -473,7 +473,7 @@ class _Speculative(NamedTuple):
     pool_above: float
     mid: _native.Stats  # upper ≤ |acc| ≤ pool_above
     # views of this thread's stream room (_native.stream_room): read before select returns
-    positions: torch.Tensor  # int32 acc positions of the stream
+    positions: _native.StreamPositions  # acc positions of the stream (index_select)
     values: torch.Tensor  # their |acc|: window ≤ |acc| < upper, and |acc| > pool_above
 
 

@@ -71,29 +71,59 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
         assert mid.sum == pytest.approx(float(a.sum()), rel=1e-12, abs=1e-300)
     keep = ((mag >= wf) & (mag < bf)) | (mag > gf)
     expected = keep.nonzero().view(-1)
-    assert idx.dtype == torch.int32 and torch.equal(idx.long(), expected)
+    positions = idx.tensor()
+    assert positions.dtype == torch.int32 and torch.equal(positions.long(), expected)
+    assert idx.count == val.numel()
     assert torch.equal(val, mag[expected])
     assert expected.numel() > 0
 
 
 @needs_native
 def test_kernel_writes_the_stream_into_the_room_it_is_given():
-    """With `room` the stream is a pair of views of it (nothing allocated per call), and
-    a later call into the same room gives the same stream for the same input."""
+    """With `room` the stream is views of it (nothing allocated per call), and a later
+    call into the same room gives the same stream for the same input; a room holding old
+    bits past the tensor's end (the last bitmap word) does not change the positions."""
     x = _laplace(300_001, seed=4)
     t = float(x.abs().quantile(0.9))
-    room = (torch.full((x.numel() + 5,), -7, dtype=torch.int32),
+    room = (torch.full((_native.stream_bitmap_bytes(x.numel()) + 5,), 255, dtype=torch.uint8),
             torch.full((x.numel() + 5,), -7.0))
     _, _, idx, val = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, room=room))
-    assert idx.data_ptr() == room[0].data_ptr() and val.data_ptr() == room[1].data_ptr()
+    assert idx.bitmap.data_ptr() == room[0].data_ptr() and val.data_ptr() == room[1].data_ptr()
     fresh = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t))
-    assert torch.equal(idx, fresh[2]) and torch.equal(val, fresh[3])
-    kept = idx.clone()
+    assert torch.equal(idx.tensor(), fresh[2].tensor()) and torch.equal(val, fresh[3])
+    kept = idx.tensor()
+    assert int(kept[-1]) < x.numel() and idx.count == kept.numel() > 0
     _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, room=room)  # an empty stream: room reused
     again = _native.sidco_spec(x, t / 2, t / 1.5, t, room=room)
-    assert torch.equal(again[2], kept)
-    assert _native.stream_room(10)[0].numel() >= 10
+    assert torch.equal(again[2].tensor(), kept)
+    assert _native.stream_room(10)[0].numel() >= _native.stream_bitmap_bytes(10) == 8
     assert _native.stream_room(10)[0].data_ptr() == _native.stream_room(5)[0].data_ptr()
+
+
+@needs_native
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 1000, 2**15 + 13])
+def test_stream_positions_select_what_a_positions_tensor_would(n):
+    """StreamPositions.index_select(0, j) equals the written-out positions' index_select
+    for ascending j, at every word and block edge; out-of-order or out-of-range j raise."""
+    g = torch.Generator().manual_seed(n)
+    x = torch.randn(n, generator=g)
+    mag = x.abs()
+    w, b, gg = 0.5, 1.0, 1.5
+    _, _, pos, val = _native.sidco_spec(x, w, b, gg)
+    keep = ((mag >= w) & (mag < b)) | (mag > gg)
+    expected = keep.nonzero().view(-1).int()
+    assert pos.count == expected.numel() == val.numel()
+    for j in (torch.arange(expected.numel()), torch.arange(0, expected.numel(), 7),
+              torch.arange(expected.numel())[-3:], torch.zeros(0, dtype=torch.int64)):
+        got = pos.index_select(0, j)
+        assert got.dtype == torch.int32 and torch.equal(got, expected.index_select(0, j))
+    if expected.numel() >= 2:
+        with pytest.raises(ValueError, match="ascending"):
+            pos.index_select(0, torch.tensor([1, 0]))
+    with pytest.raises(IndexError, match="out of range"):
+        pos.index_select(0, torch.tensor([expected.numel()]))
+    with pytest.raises(IndexError, match="one-dimensional"):
+        pos.index_select(1, torch.tensor([0]))
 
 
 @needs_native
@@ -102,10 +132,11 @@ def test_kernel_refuses_what_it_does_not_take():
         with pytest.raises(TypeError, match="float32"):
             _native.sidco_spec(bad, 0.1, 0.2, 0.3)
     x = torch.ones(100)
-    for room in ((torch.empty(99, dtype=torch.int32), torch.empty(100)),
-                 (torch.empty(100, dtype=torch.int64), torch.empty(100)),
-                 (torch.empty(100, dtype=torch.int32), torch.empty(200)[::2])):
-        with pytest.raises(TypeError, match="room for 100"):
+    for room in ((torch.empty(15, dtype=torch.uint8), torch.empty(100)),
+                 (torch.empty(16, dtype=torch.int32), torch.empty(100)),
+                 (torch.empty(16, dtype=torch.uint8), torch.empty(99)),
+                 (torch.empty(16, dtype=torch.uint8), torch.empty(200)[::2])):
+        with pytest.raises(TypeError, match="room for a bitmap of 16"):
             _native.sidco_spec(x, 0.1, 0.2, 0.3, room=room)
 
 

@@ -42,7 +42,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 12
+ABI_VERSION = 13
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -182,6 +182,8 @@ def _declare(lib: ctypes.CDLL) -> None:
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
                                       _P, _P, ctypes.POINTER(_C_INT64)]
     lib.gc_sidco_spec_f32.restype = ctypes.c_int
+    lib.gc_stream_select.argtypes = [_P, _C_INT64, _P, _C_INT64, _P]
+    lib.gc_stream_select.restype = ctypes.c_int
     lib.gc_add_levels.argtypes = [_P, _P, ctypes.c_int, _C_INT64, _P, _C_INT64, _P,
                                   ctypes.c_int]
     lib.gc_add_levels.restype = None
@@ -414,48 +416,86 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     return st, idx, val
 
 
+class StreamPositions:
+    """The positions in x of sidco_spec's stream, held as a bitmap of x (bit i of byte
+    i // 8: x[i] is in the stream) rather than written out: the caller looks up only the
+    few it selects. Valid as long as the room it lives in (stream_room)."""
+
+    def __init__(self, bitmap: torch.Tensor, numel: int, count: int):
+        self.bitmap, self.numel, self.count = bitmap, numel, count
+
+    def index_select(self, dim: int, index: torch.Tensor) -> torch.Tensor:
+        """The int32 positions in x of stream entries `index` (ascending, each below the
+        stream's size), as positions_tensor.index_select(0, index) would give them."""
+        if dim != 0:
+            raise IndexError(f"StreamPositions is one-dimensional, got dim={dim}")
+        q = index.to(torch.int32).contiguous()
+        out = torch.empty(q.numel(), dtype=torch.int32)
+        if q.numel():
+            code = load().gc_stream_select(self.bitmap.data_ptr(), self.numel, q.data_ptr(),
+                                           q.numel(), out.data_ptr())
+            if code == -1:
+                raise ValueError("StreamPositions.index_select() takes ascending, non-negative "
+                                 "stream indices")
+            if code or int(q[-1]) >= self.count:
+                raise IndexError(f"stream index {int(q[-1])} out of range for a stream of "
+                                 f"{self.count} elements")
+        return out
+
+    def tensor(self) -> torch.Tensor:
+        """Every position, ascending (int32): the stream's whole positions tensor."""
+        return self.index_select(0, torch.arange(self.count, dtype=torch.int32))
+
+
 def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                squares: bool = False, logs: bool = False,
                room: tuple[torch.Tensor, torch.Tensor] | None = None,
                mid_squares: bool | None = None,
-               ) -> tuple[Stats, Stats, torch.Tensor, torch.Tensor]:
+               ) -> tuple[Stats, Stats, StreamPositions, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
     elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...,
     logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count and
     Σ|x| over upper ≤ |x| ≤ pool_above, or with `mid_squares` (default: `squares`) the
     count, Σz and Σz² of z = |x| − upper there, where `upper` is rounded to float32 first;
-    the int32 positions and the |x| of the stream, ascending: window ≤ |x| < upper, and
-    |x| > pool_above). The bounds compare in float32 as torch does; window ≤ upper ≤
-    pool_above. One read pass.
+    the stream's positions in x (StreamPositions) and its |x|, ascending: window ≤ |x| <
+    upper, and |x| > pool_above). The bounds compare in float32 as torch does; window ≤
+    upper ≤ pool_above. One read pass.
 
-    The stream is written straight where it is returned: into `room`, a contiguous int32
-    and a float32 CPU tensor of at least x.numel() elements each that the caller keeps
-    between calls (the stream is then a pair of views of them, valid until their next
-    use), or, without `room`, into two fresh tensors of x.numel() elements."""
+    The stream is written straight where it is returned: into `room` (stream_room), a
+    contiguous uint8 CPU tensor of at least stream_bitmap_bytes(x.numel()) bytes for the
+    positions' bitmap and a contiguous float32 one of at least x.numel() elements for the
+    values, kept by the caller between calls (the stream is then views of them, valid
+    until their next use), or, without `room`, into two fresh tensors."""
     if not (supports_cpu(x) and x.dtype == torch.float32 and x.numel() < NARROW_LIMIT):
         raise TypeError(f"sidco_spec() takes contiguous CPU float32 tensors of fewer than "
                         f"2^31 elements, got {x.dtype} on {x.device} ({x.numel()} elements)")
     n = x.numel()
     if room is None:
-        room = (torch.empty(n, dtype=torch.int32), torch.empty(n, dtype=torch.float32))
-    idx, val = room
-    if not (idx.dtype == torch.int32 and val.dtype == torch.float32 and idx.is_contiguous()
-            and val.is_contiguous() and idx.device.type == val.device.type == "cpu"
-            and min(idx.numel(), val.numel()) >= n):
-        raise TypeError(f"sidco_spec() needs room for {n} int32 positions and float32 values "
-                        f"(contiguous CPU tensors), got {idx.dtype} × {idx.numel()} and "
-                        f"{val.dtype} × {val.numel()}")
+        room = (torch.empty(stream_bitmap_bytes(n), dtype=torch.uint8),
+                torch.empty(n, dtype=torch.float32))
+    bits, val = room
+    if not (bits.dtype == torch.uint8 and val.dtype == torch.float32 and bits.is_contiguous()
+            and val.is_contiguous() and bits.device.type == val.device.type == "cpu"
+            and bits.numel() >= stream_bitmap_bytes(n) and val.numel() >= n):
+        raise TypeError(f"sidco_spec() needs room for a bitmap of {stream_bitmap_bytes(n)} "
+                        f"uint8 and {n} float32 values (contiguous CPU tensors), got "
+                        f"{bits.dtype} × {bits.numel()} and {val.dtype} × {val.numel()}")
     out = (ctypes.c_double * 10)()
     total = _C_INT64(0)
     mid_squares = squares if mid_squares is None else mid_squares
     flags = (1 if squares else 0) | (2 if mid_squares else 0)
     if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), flags, int(logs),
                                 float(window), float(upper), float(pool_above),
-                                idx.data_ptr(), val.data_ptr(), out, ctypes.byref(total)):
+                                bits.data_ptr(), val.data_ptr(), out, ctypes.byref(total)):
         raise MemoryError("native sidco_spec could not allocate its partial sums")
     first = Stats.of(out)
     mid = Stats(int(out[7]), out[8], out[9], -1.0, math.inf, 0, 0.0)
-    return first, mid, idx[:total.value], val[:total.value]
+    return first, mid, StreamPositions(bits, n, total.value), val[:total.value]
+
+
+def stream_bitmap_bytes(n: int) -> int:
+    """The bytes of sidco_spec's bitmap for n elements: ⌈n/64⌉ 64-bit words."""
+    return 8 * ((n + 63) // 64)
 
 
 def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,
@@ -644,12 +684,13 @@ def _kept(key, n: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def stream_room(n: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """This thread's room for sidco_spec's stream: an int32 and a float32 tensor of at
-    least n elements, kept between calls (grown when a larger tensor comes) and shared by
-    every caller on the thread, so each must be done with a stream before the next call.
-    Only the pages a stream touches are ever mapped (about the stream's 8 bytes per
-    element)."""
-    return _kept("stream positions", n, torch.int32), _kept("stream values", n, torch.float32)
+    """This thread's room for sidco_spec's stream of a tensor of n elements: the positions'
+    bitmap (uint8, stream_bitmap_bytes(n)) and a float32 tensor of at least n values, kept
+    between calls (grown when a larger tensor comes) and shared by every caller on the
+    thread, so each must be done with a stream before the next call. Only the pages a
+    stream touches are ever mapped (the values' 4 bytes per element of the stream)."""
+    return (_kept("stream bitmap", stream_bitmap_bytes(n), torch.uint8),
+            _kept("stream values", n, torch.float32))
 
 
 def abs_into_room(x: torch.Tensor) -> torch.Tensor:

@@ -926,16 +926,20 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 //         partials as gc_stats (block_all_f32), so η₁ equals the plain path's bit for bit;
 //   mid:  count and Σ|x| (without SQ), or count, Σz and Σz² of z = |x| − b (with SQ), over
 //         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool;
-//   stream: positions (int32) and |x| of the window w ≤ |x| < b and of the pool |x| > g,
-//         branch-free through the permutation table, ascending.
+//   stream: the |x| of the window w ≤ |x| < b and of the pool |x| > g, ascending
+//         (compressed in registers, or through the permutation table), and a bitmap of
+//         their positions (bit i of byte i/8: x[i] is in the stream), one byte per 8
+//         elements, from which stream_select finds the positions the caller asks for
+//         (most of the stream is never selected, so its positions are never written out).
 // With w ≤ η₁ < b ≤ g ≤ η₂ (as float32) the second stage's statistics follow exactly from
 // mid and the stream's elements above η₁, and every later stage only looks at the pool.
-// One block's stream is written to idx32/val from k on and the new k returned. The stores
-// are 8 lanes wide whatever the hits: they stay inside the room of the elements read so
-// far plus the 8 being read, when the thread's stream starts at its first element.
+// One block's stream is written to val from k on, its bitmap bytes in place, and the new k
+// returned. The stores are 8 or 16 lanes wide whatever the hits: they stay inside the
+// room of the elements read so far plus those being read, when the thread's stream
+// starts at its first element.
 template <bool SQA, bool SQ, bool LOG>
 int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
-                   Partial& all, Partial& mid, int32_t* idx32, float* val, int64_t k) {
+                   Partial& all, Partial& mid, uint8_t* bits, float* val, int64_t k) {
   const double shift = SQ ? static_cast<double>(b) : 0.0;
   v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;     // all
   v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
@@ -953,10 +957,6 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const __m512 wv = _mm512_set1_ps(w), bv = _mm512_set1_ps(b), gv = _mm512_set1_ps(g);
     const __m512d sh = _mm512_set1_pd(shift);
     __m512d S = _mm512_setzero_pd(), Q = S, M = S, R = S;
-    __m512i pos = _mm512_add_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(static_cast<int32_t>(lo)));
-    const __m512i sixteen = _mm512_set1_epi32(16);
     for (; i + 16 <= hi; i += 16) {
       const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
       if (LOG) {
@@ -987,9 +987,9 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const __mmask16 m = static_cast<__mmask16>(
           (static_cast<unsigned>(gew) & ~static_cast<unsigned>(geb)) | gtg);
       _mm512_storeu_ps(val + k, _mm512_maskz_compress_ps(m, a));
-      _mm512_storeu_si512(idx32 + k, _mm512_maskz_compress_epi32(m, pos));
+      const uint16_t m16 = static_cast<uint16_t>(m);
+      std::memcpy(bits + (i >> 3), &m16, sizeof m16);
       k += __builtin_popcount(static_cast<unsigned>(m));
-      pos = _mm512_add_epi32(pos, sixteen);
     }
     s0 = (v4d)_mm512_castpd512_pd256(S); s1 = (v4d)_mm512_extractf64x4_pd(S, 1);
     q0 = (v4d)_mm512_castpd512_pd256(Q); q1 = (v4d)_mm512_extractf64x4_pd(Q, 1);
@@ -1014,9 +1014,6 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const __m256 wv = _mm256_set1_ps(w), bv = _mm256_set1_ps(b), gv = _mm256_set1_ps(g);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
     const v4d sh = {shift, shift, shift, shift};
-    __m256i pos = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                   _mm256_set1_epi32(static_cast<int32_t>(i)));
-    const __m256i eight = _mm256_set1_epi32(8);
     __m256i c = _mm256_setzero_si256();
     for (; i + 8 <= hi; i += 8) {
       const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
@@ -1051,10 +1048,8 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const int m = _mm256_movemask_ps(_mm256_or_ps(inwin, gtg));
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
       _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx32 + k),
-                          _mm256_permutevar8x32_epi32(pos, p));
+      bits[i >> 3] = static_cast<uint8_t>(m);
       k += __builtin_popcount(static_cast<unsigned>(m));
-      pos = _mm256_add_epi32(pos, eight);
     }
     alignas(32) int32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), c);
@@ -1066,6 +1061,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   // no merged loop: the first statistics as gc_stats computes them, then the rest below
   block_all_f32<SQA, false, false>(x + lo, hi - lo, 0.0, all);
 #endif
+  uint8_t byte = 0;  // i is a multiple of 8 here
   for (; i < hi; ++i) {  // as block_all_f32's tail (y = |x| − 0 is |x|)
     const float af = std::fabs(x[i]);
     const double a = static_cast<double>(af);
@@ -1075,9 +1071,14 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const double z = a - shift;
       cnt += 1; ms += z; mq += z * z;
     }
-    idx32[k] = static_cast<int32_t>(i);
     val[k] = af;
-    k += (af >= w && af < b) || af > g;
+    const bool in = (af >= w && af < b) || af > g;
+    k += in;
+    byte |= static_cast<uint8_t>(in) << (i & 7);
+    if ((i & 7) == 7 || i + 1 == hi) {
+      bits[i >> 3] = byte;
+      byte = 0;
+    }
   }
 #if defined(__AVX2__)
   all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQA ? q : 0.0;
@@ -1096,14 +1097,15 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 // out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with bit 0,
 // nonzeros and Σ ln|x| with `logs`);
 // out[7..9]: mid's count, Σ (Σ|x|, or Σz with bit 1) and Σz² (with bit 1).
-// The stream is written straight into idx32/val (room for n each) and read there by the
-// caller, as idx32[0, *total): no per-thread buffers to copy it out of. Thread t writes its
-// stream forwards from R_t, the first of its elements (room for all of them is there);
+// The stream's values are written straight into val (room for n) and read there by the
+// caller, as val[0, *total): no per-thread buffers to copy them out of. Thread t writes its
+// values forwards from R_t, the first of its elements (room for all of them is there);
 // then each thread's run is moved down to follow the one before: by all threads at once
 // where the run's new place does not overlap its old one (a stream of less than about half
-// the elements), else by one memmove. Returns 0, or -1 when no memory could be had.
+// the elements), else by one memmove. The bitmap (room for ⌈n/64⌉ 64-bit words) is
+// written in place, the bits past n cleared. Returns 0, or -1 when no memory could be had.
 int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, double w,
-               double b, double g, int32_t* idx32, float* val, double* out, int64_t* total) {
+               double b, double g, uint8_t* bits, float* val, double* out, int64_t* total) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
   const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
@@ -1111,7 +1113,7 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
   std::vector<int64_t> first(nth), count(nth);  // each thread's run
   // squares' bit 0: every element's Σy², bit 1: mid's
   typedef int64_t (*Spec)(const float*, int64_t, int64_t, float, float, float, Partial&,
-                          Partial&, int32_t*, float*, int64_t);
+                          Partial&, uint8_t*, float*, int64_t);
   static const Spec kinds[8] = {
       block_spec<false, false, false>, block_spec<true, false, false>,
       block_spec<false, true, false>,  block_spec<true, true, false>,
@@ -1126,7 +1128,7 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
       int64_t k = r0;
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
-        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], idx32, val, k);
+        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], bits, val, k);
       }
       first[t] = r0;
       count[t] = k - r0;
@@ -1140,21 +1142,50 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
     if (len && from != end) {
       if (end + len <= from) {
         parallel_range(len, nth, [&](int64_t a, int64_t e) {
-          std::memcpy(idx32 + end + a, idx32 + from + a, (e - a) * sizeof(int32_t));
           std::memcpy(val + end + a, val + from + a, (e - a) * sizeof(float));
         });
       } else {
-        std::memmove(idx32 + end, idx32 + from, len * sizeof(int32_t));
         std::memmove(val + end, val + from, len * sizeof(float));
       }
     }
     end += len;
   }
   *total = end;
+  const int64_t used = (n + 7) / 8, words = (n + 63) / 64;
+  std::memset(bits + used, 0, static_cast<size_t>(words * 8 - used));
   write_total(all, out);
   double m[7];
   write_total(mid, m);
   out[7] = m[0]; out[8] = m[1]; out[9] = m[2];
+  return 0;
+}
+
+// The positions of stream entries q[0..m) (ascending, each below the stream's size) from
+// sidco_spec's bitmap of n bits: one walk over the 64-bit words, counting their bits, and
+// the wanted bit found in its word by clearing the lower ones. Returns 0, -1 when q is not
+// ascending, -2 when an entry is past the stream's end.
+int stream_select(const uint8_t* bits, int64_t n, const int32_t* q, int64_t m, int32_t* out) {
+  const int64_t words = (n + 63) / 64;
+  int64_t w = 0, before = 0;  // the set bits in words [0, w)
+  uint64_t word = 0;
+  int count = 0;
+  if (words) {
+    std::memcpy(&word, bits, sizeof word);
+    count = __builtin_popcountll(word);
+  }
+  for (int64_t j = 0; j < m; ++j) {
+    const int64_t want = q[j];
+    if (want < 0 || (j && want <= q[j - 1])) return -1;
+    while (before + count <= want) {
+      if (++w >= words) return -2;
+      before += count;
+      std::memcpy(&word, bits + 8 * w, sizeof word);
+      count = __builtin_popcountll(word);
+    }
+    uint64_t v = word;
+    for (int64_t r = want - before; r > 0; --r) v &= v - 1;
+    out[j] = static_cast<int32_t>(64 * w + __builtin_ctzll(v));
+  }
   return 0;
 }
 
@@ -1649,7 +1680,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 12; }
+int gc_abi_version() { return 13; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1689,9 +1720,13 @@ void gc_release_scratch() {
 }
 
 int gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, int logs, double w,
-                      double b, double g, int32_t* idx32, float* val, double* out,
+                      double b, double g, uint8_t* bits, float* val, double* out,
                       int64_t* total) {
-  return sidco_spec(x, n, threads, squares, logs, w, b, g, idx32, val, out, total);
+  return sidco_spec(x, n, threads, squares, logs, w, b, g, bits, val, out, total);
+}
+
+int gc_stream_select(const uint8_t* bits, int64_t n, const int32_t* q, int64_t m, int32_t* out) {
+  return stream_select(bits, n, q, m, out);
 }
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
