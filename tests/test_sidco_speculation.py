@@ -96,20 +96,23 @@ def test_kernel_writes_the_stream_into_the_room_it_is_given():
     _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, room=room)  # an empty stream: room reused
     again = _native.sidco_spec(x, t / 2, t / 1.5, t, room=room)
     assert torch.equal(again[2].tensor(), kept)
-    assert _native.stream_room(10)[0].numel() >= _native.stream_bitmap_bytes(10) == 8
+    assert _native.stream_room(10)[0].numel() >= _native.stream_bitmap_bytes(10) == 76
     assert _native.stream_room(10)[0].data_ptr() == _native.stream_room(5)[0].data_ptr()
 
 
 @needs_native
-@pytest.mark.parametrize("n", [1, 63, 64, 65, 1000, 2**15 + 13])
-def test_stream_positions_select_what_a_positions_tensor_would(n):
+@pytest.mark.parametrize("n, threads", [(1, 1), (63, 1), (64, 1), (65, 1), (1000, 1),
+                                        (2**15 + 13, 1), (300_001, 2), (600_007, 3)])
+def test_stream_positions_select_what_a_positions_tensor_would(n, threads):
     """StreamPositions.index_select(0, j) equals the written-out positions' index_select
-    for ascending j, at every word and block edge; out-of-order or out-of-range j raise."""
+    for ascending j, at every word, checkpoint, block and thread edge (the later threads'
+    checkpoints follow their runs' move); out-of-order or out-of-range j raise."""
     g = torch.Generator().manual_seed(n)
     x = torch.randn(n, generator=g)
+    x[n // 3: n // 3 + 5000] = 0.0  # a stretch with no stream: checkpoints that repeat
     mag = x.abs()
     w, b, gg = 0.5, 1.0, 1.5
-    _, _, pos, val = _native.sidco_spec(x, w, b, gg)
+    _, _, pos, val = with_threads(threads, lambda: _native.sidco_spec(x, w, b, gg))
     keep = ((mag >= w) & (mag < b)) | (mag > gg)
     expected = keep.nonzero().view(-1).int()
     assert pos.count == expected.numel() == val.numel()
@@ -132,11 +135,11 @@ def test_kernel_refuses_what_it_does_not_take():
         with pytest.raises(TypeError, match="float32"):
             _native.sidco_spec(bad, 0.1, 0.2, 0.3)
     x = torch.ones(100)
-    for room in ((torch.empty(15, dtype=torch.uint8), torch.empty(100)),
-                 (torch.empty(16, dtype=torch.int32), torch.empty(100)),
-                 (torch.empty(16, dtype=torch.uint8), torch.empty(99)),
-                 (torch.empty(16, dtype=torch.uint8), torch.empty(200)[::2])):
-        with pytest.raises(TypeError, match="room for a bitmap of 16"):
+    for room in ((torch.empty(83, dtype=torch.uint8), torch.empty(100)),
+                 (torch.empty(84, dtype=torch.int32), torch.empty(100)),
+                 (torch.empty(84, dtype=torch.uint8), torch.empty(99)),
+                 (torch.empty(84, dtype=torch.uint8), torch.empty(200)[::2])):
+        with pytest.raises(TypeError, match="room for a bitmap of 84"):
             _native.sidco_spec(x, 0.1, 0.2, 0.3, room=room)
 
 

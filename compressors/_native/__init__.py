@@ -42,7 +42,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 13
+ABI_VERSION = 14
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -182,7 +182,7 @@ def _declare(lib: ctypes.CDLL) -> None:
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
                                       _P, _P, ctypes.POINTER(_C_INT64)]
     lib.gc_sidco_spec_f32.restype = ctypes.c_int
-    lib.gc_stream_select.argtypes = [_P, _C_INT64, _P, _C_INT64, _P]
+    lib.gc_stream_select.argtypes = [_P, _C_INT64, _C_INT64, _P, _C_INT64, _P, ctypes.c_int]
     lib.gc_stream_select.restype = ctypes.c_int
     lib.gc_add_levels.argtypes = [_P, _P, ctypes.c_int, _C_INT64, _P, _C_INT64, _P,
                                   ctypes.c_int]
@@ -432,12 +432,13 @@ class StreamPositions:
         q = index.to(torch.int32).contiguous()
         out = torch.empty(q.numel(), dtype=torch.int32)
         if q.numel():
-            code = load().gc_stream_select(self.bitmap.data_ptr(), self.numel, q.data_ptr(),
-                                           q.numel(), out.data_ptr())
+            code = load().gc_stream_select(self.bitmap.data_ptr(), self.numel, self.count,
+                                           q.data_ptr(), q.numel(), out.data_ptr(),
+                                           torch.get_num_threads())
             if code == -1:
                 raise ValueError("StreamPositions.index_select() takes ascending, non-negative "
                                  "stream indices")
-            if code or int(q[-1]) >= self.count:
+            if code:
                 raise IndexError(f"stream index {int(q[-1])} out of range for a stream of "
                                  f"{self.count} elements")
         return out
@@ -494,8 +495,10 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
 
 
 def stream_bitmap_bytes(n: int) -> int:
-    """The bytes of sidco_spec's bitmap for n elements: ⌈n/64⌉ 64-bit words."""
-    return 8 * ((n + 63) // 64)
+    """The bytes of sidco_spec's bitmap for n elements: ⌈n/64⌉ 64-bit words, then an int32
+    checkpoint per 512 elements (the stream's size before them), then 64 bytes of padding
+    (the last checkpoint's eight words are read whole)."""
+    return 8 * ((n + 63) // 64) + 4 * ((n + 511) // 512) + 64
 
 
 def scatter_mean(idx: torch.Tensor, val: torch.Tensor, out: torch.Tensor,

@@ -937,9 +937,12 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 // returned. The stores are 8 or 16 lanes wide whatever the hits: they stay inside the
 // room of the elements read so far plus those being read, when the thread's stream
 // starts at its first element.
+constexpr int64_t CHECKPOINT = 512;  // elements between stream checkpoints (64 bitmap bytes)
+
 template <bool SQA, bool SQ, bool LOG>
 int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
-                   Partial& all, Partial& mid, uint8_t* bits, float* val, int64_t k) {
+                   Partial& all, Partial& mid, uint8_t* bits, int32_t* checkpoint,
+                   float* val, int64_t k) {
   const double shift = SQ ? static_cast<double>(b) : 0.0;
   v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;     // all
   v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
@@ -958,6 +961,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const __m512d sh = _mm512_set1_pd(shift);
     __m512d S = _mm512_setzero_pd(), Q = S, M = S, R = S;
     for (; i + 16 <= hi; i += 16) {
+      if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
       const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
       if (LOG) {
         logs.add(a);
@@ -1016,6 +1020,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const v4d sh = {shift, shift, shift, shift};
     __m256i c = _mm256_setzero_si256();
     for (; i + 8 <= hi; i += 8) {
+      if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
       const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
       v4d y0, y1;
       widen8(reinterpret_cast<v8f>(a), y0, y1);
@@ -1063,6 +1068,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 #endif
   uint8_t byte = 0;  // i is a multiple of 8 here
   for (; i < hi; ++i) {  // as block_all_f32's tail (y = |x| − 0 is |x|)
+    if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
     const float af = std::fabs(x[i]);
     const double a = static_cast<double>(af);
     s += a;
@@ -1103,17 +1109,21 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 // then each thread's run is moved down to follow the one before: by all threads at once
 // where the run's new place does not overlap its old one (a stream of less than about half
 // the elements), else by one memmove. The bitmap (room for ⌈n/64⌉ 64-bit words) is
-// written in place, the bits past n cleared. Returns 0, or -1 when no memory could be had.
+// written in place, the bits past n cleared; after it, one int32 per CHECKPOINT elements:
+// the stream's size before them (where stream_select starts its walk). Returns 0, or -1
+// when no memory could be had.
 int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, double w,
                double b, double g, uint8_t* bits, float* val, double* out, int64_t* total) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
   const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
   std::vector<Partial> all, mid;
-  std::vector<int64_t> first(nth), count(nth);  // each thread's run
+  std::vector<int64_t> first(nth), count(nth), last_block(nth);  // each thread's run
+  const int64_t words = (n + 63) / 64;
+  int32_t* checkpoint = reinterpret_cast<int32_t*>(bits + 8 * words);
   // squares' bit 0: every element's Σy², bit 1: mid's
   typedef int64_t (*Spec)(const float*, int64_t, int64_t, float, float, float, Partial&,
-                          Partial&, uint8_t*, float*, int64_t);
+                          Partial&, uint8_t*, int32_t*, float*, int64_t);
   static const Spec kinds[8] = {
       block_spec<false, false, false>, block_spec<true, false, false>,
       block_spec<false, true, false>,  block_spec<true, true, false>,
@@ -1128,17 +1138,23 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
       int64_t k = r0;
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
-        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], bits, val, k);
+        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], bits, checkpoint, val, k);
       }
       first[t] = r0;
       count[t] = k - r0;
+      last_block[t] = b1;
     });
   } catch (...) {
     return -1;
   }
   int64_t end = count[0];
+  const int64_t checkpoints = (n + CHECKPOINT - 1) / CHECKPOINT;
   for (int t = 1; t < nth; ++t) {
     const int64_t from = first[t], len = count[t];
+    // this thread's checkpoints counted from its run's old start
+    const int64_t c0 = from / CHECKPOINT,
+                  c1 = std::min(checkpoints, last_block[t] * (BLOCK / CHECKPOINT));
+    for (int64_t c = c0; c < c1; ++c) checkpoint[c] -= static_cast<int32_t>(from - end);
     if (len && from != end) {
       if (end + len <= from) {
         parallel_range(len, nth, [&](int64_t a, int64_t e) {
@@ -1151,7 +1167,7 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
     end += len;
   }
   *total = end;
-  const int64_t used = (n + 7) / 8, words = (n + 63) / 64;
+  const int64_t used = (n + 7) / 8;
   std::memset(bits + used, 0, static_cast<size_t>(words * 8 - used));
   write_total(all, out);
   double m[7];
@@ -1160,32 +1176,43 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
   return 0;
 }
 
-// The positions of stream entries q[0..m) (ascending, each below the stream's size) from
-// sidco_spec's bitmap of n bits: one walk over the 64-bit words, counting their bits, and
-// the wanted bit found in its word by clearing the lower ones. Returns 0, -1 when q is not
-// ascending, -2 when an entry is past the stream's end.
-int stream_select(const uint8_t* bits, int64_t n, const int32_t* q, int64_t m, int32_t* out) {
-  const int64_t words = (n + 63) / 64;
-  int64_t w = 0, before = 0;  // the set bits in words [0, w)
-  uint64_t word = 0;
-  int count = 0;
-  if (words) {
-    std::memcpy(&word, bits, sizeof word);
-    count = __builtin_popcountll(word);
-  }
+// The positions of stream entries q[0..m) (ascending, each below the stream's size `total`)
+// from sidco_spec's bitmap of n bits and its checkpoints, the entries split among the
+// threads: each part finds its first entry's checkpoint by bisection and walks the later
+// ones forwards; within a checkpoint's 8 words the entry's word is the number of their
+// running bit counts at or below it (no branch to mispredict; the words past the bitmap's
+// end are read from the room's padding and never counted), and its bit is found by
+// clearing the lower ones. Returns 0, -1 when q is not ascending or holds a negative, -2
+// when an entry is past the stream's end.
+int stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* q, int64_t m,
+                  int32_t* out, int threads) {
+  const int64_t words = (n + 63) / 64, checkpoints = (n + CHECKPOINT - 1) / CHECKPOINT;
+  const int32_t* checkpoint = reinterpret_cast<const int32_t*>(bits + 8 * words);
   for (int64_t j = 0; j < m; ++j) {
-    const int64_t want = q[j];
-    if (want < 0 || (j && want <= q[j - 1])) return -1;
-    while (before + count <= want) {
-      if (++w >= words) return -2;
-      before += count;
-      std::memcpy(&word, bits + 8 * w, sizeof word);
-      count = __builtin_popcountll(word);
-    }
-    uint64_t v = word;
-    for (int64_t r = want - before; r > 0; --r) v &= v - 1;
-    out[j] = static_cast<int32_t>(64 * w + __builtin_ctzll(v));
+    if (q[j] < 0 || (j && q[j] <= q[j - 1])) return -1;
   }
+  if (m && q[m - 1] >= total) return -2;
+  parallel_range(m, m < 4096 ? 1 : threads, [&](int64_t a, int64_t e) {
+    // the last checkpoint at or before q[a]
+    int64_t c = std::upper_bound(checkpoint, checkpoint + checkpoints, q[a]) - checkpoint - 1;
+    for (int64_t j = a; j < e; ++j) {
+      const int64_t want = q[j];
+      while (c + 1 < checkpoints && checkpoint[c + 1] <= want) ++c;
+      const int64_t r = want - checkpoint[c];
+      uint64_t w[CHECKPOINT / 64];
+      std::memcpy(w, bits + 8 * c * (CHECKPOINT / 64), sizeof w);
+      int64_t run = 0, word = 0, before = 0;
+      for (int l = 0; l < CHECKPOINT / 64; ++l) {
+        run += __builtin_popcountll(w[l]);
+        const bool past = run <= r;  // the entry lies in a later word
+        word += past;
+        before = past ? run : before;
+      }
+      uint64_t v = w[word];
+      for (int64_t k = r - before; k > 0; --k) v &= v - 1;
+      out[j] = static_cast<int32_t>(64 * (c * (CHECKPOINT / 64) + word) + __builtin_ctzll(v));
+    }
+  });
   return 0;
 }
 
@@ -1680,7 +1707,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 13; }
+int gc_abi_version() { return 14; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1725,8 +1752,9 @@ int gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, int l
   return sidco_spec(x, n, threads, squares, logs, w, b, g, bits, val, out, total);
 }
 
-int gc_stream_select(const uint8_t* bits, int64_t n, const int32_t* q, int64_t m, int32_t* out) {
-  return stream_select(bits, n, q, m, out);
+int gc_stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* q,
+                     int64_t m, int32_t* out, int threads) {
+  return stream_select(bits, n, total, q, m, out, threads);
 }
 
 void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, double shift,
