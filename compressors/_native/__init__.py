@@ -690,8 +690,9 @@ def stream_room(n: int) -> tuple[torch.Tensor, torch.Tensor]:
     """This thread's room for sidco_spec's stream of a tensor of n elements: the positions'
     bitmap (uint8, stream_bitmap_bytes(n)) and a float32 tensor of at least n values, kept
     between calls (grown when a larger tensor comes) and shared by every caller on the
-    thread, so each must be done with a stream before the next call. Only the pages a
-    stream touches are ever mapped (the values' 4 bytes per element of the stream)."""
+    thread, so each must be done with a stream before the next call. The bitmap (an
+    eighth of a byte per element, and its checkpoints) is written whole; of the values
+    only the pages a stream touches are ever mapped (4 bytes per element of the stream)."""
     return (_kept("stream bitmap", stream_bitmap_bytes(n), torch.uint8),
             _kept("stream values", n, torch.float32))
 
