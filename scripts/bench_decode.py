@@ -29,11 +29,6 @@ from repro import bench, sources
 from repro.hooks import WorkerCompression
 
 
-def _numel(text: str) -> int:
-    text = text.upper()
-    return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
-
-
 def _median_ms(samples: list[float]) -> float:
     return 1e3 * statistics.median(samples)
 
@@ -97,7 +92,7 @@ def main() -> None:
     args = parser.parse_args()
     if not _native.available():
         raise SystemExit(f"the native kernels are not available: {_native.error()}")
-    n = _numel(args.numel)
+    n = bench.parse_size(args.numel)
     torch.set_num_threads(args.threads)
     x = sources.synthetic("laplace", n, 1, 0, 0)[0]  # repro bench's default source
     grad = torch.empty_like(x)

@@ -26,15 +26,10 @@ import torch
 import compressors
 from compressors.simulated import drive_one
 from repro import sources
-from repro.bench import _answer_alone
+from repro.bench import _answer_alone, parse_size
 from repro.hooks import WorkerCompression
 
 DEFAULT = "none,fp16,qsgd,terngrad,signsgd,efsignsgd,thc,thc_uniform,powersgd"
-
-
-def _numel(text: str) -> int:
-    text = text.upper()
-    return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
 
 
 def hook_step(name: str, x: torch.Tensor, repeats: int) -> float:
@@ -62,7 +57,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the medians here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    n = _numel(args.numel)
+    n = parse_size(args.numel)
     rows = 2 ** round(math.log2(math.sqrt(n)))
     cols = max(1, n // rows)
     x = sources.synthetic("laplace", rows * cols, 1, 0, 0)[0].view(rows, cols)

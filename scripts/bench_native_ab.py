@@ -38,11 +38,6 @@ from repro import bench, sources
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _numel(text: str) -> int:
-    text = text.upper()
-    return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
-
-
 def build(rev: str, folder: Path, other_abi: bool = False) -> ctypes.CDLL:
     """The library compiled from `rev`'s sources (WORKTREE: the files on disk); with
     `other_abi`, also when its ABI version is not the checkout's."""
@@ -160,7 +155,7 @@ def main() -> None:
     for name in names:
         compressors.build(name, ratio=0.001)  # an unknown name fails before any build
     torch.set_num_threads(args.threads)
-    x = sources.synthetic("laplace", _numel(args.numel) if names else 1, 1, 0, 0)[0]
+    x = sources.synthetic("laplace", bench.parse_size(args.numel) if names else 1, 1, 0, 0)[0]
     rows = []
     own = _native._lib
     with tempfile.TemporaryDirectory() as tmp:

@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from repro.bench import parse_size
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = r"""
@@ -52,11 +54,6 @@ for name in sys.argv[1].split(","):
                  "floor_ms": 1e3 * statistics.median(floor)}
 print(json.dumps(out))
 """
-
-
-def _numel(text: str) -> int:
-    text = text.upper()
-    return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
 
 
 def git(*args: str) -> str:
@@ -93,7 +90,7 @@ def main() -> None:
                 for key in (("old", "new") if r % 2 == 0 else ("new", "old")):
                     done = subprocess.run(
                         [sys.executable, "-c", CHILD, args.compressor,
-                         str(_numel(args.numel)), str(args.steps), str(args.threads)],
+                         str(parse_size(args.numel)), str(args.steps), str(args.threads)],
                         cwd=trees[key], env={**os.environ, "PYTHONPATH": str(trees[key])},
                         check=True, capture_output=True, text=True)
                     row[key] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -109,7 +106,7 @@ def main() -> None:
                                capture_output=True)
     if args.json:
         Path(args.json).write_text(json.dumps({**revs, "threads": args.threads,
-                                               "numel": _numel(args.numel),
+                                               "numel": parse_size(args.numel),
                                                "steps": args.steps, "rounds": rounds},
                                               indent=2) + "\n")
 

@@ -18,6 +18,7 @@ import time
 import torch
 
 from compressors import _native
+from repro.bench import parse_size
 
 
 def main() -> None:
@@ -28,8 +29,7 @@ def main() -> None:
     args = parser.parse_args()
     if not _native.available():
         raise SystemExit(f"the native kernels are not available: {_native.error()}")
-    text = args.numel.upper()
-    n = int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
+    n = parse_size(args.numel)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
     u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5

@@ -25,11 +25,6 @@ from compressors import Session
 from repro import bench, sources
 
 
-def _numel(text: str) -> int:
-    text = text.upper()
-    return int(float(text[:-1]) * 1e6) if text.endswith("M") else int(float(text))
-
-
 def side_by_side(name: str, x: torch.Tensor, steps: int) -> dict:
     magnitudes = x.abs()
     dest = torch.empty_like(x)
@@ -69,7 +64,7 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    n = _numel(args.numel)
+    n = bench.parse_size(args.numel)
     x = sources.synthetic("laplace", n, 1, 0, 0)[0]
     print(f"{n} float32 elements, {args.threads} threads, medians of {args.steps - 3} steps")
     rows = []
