@@ -4,7 +4,7 @@
     python scripts/bench_native_ab.py --old-rev HEAD~1 [--new-rev WORKTREE]
         [--compressor sidco_p,sidco_e] [--numel 26M] [--steps 26]
         [--decode-workers 2,8,16 --decode-numel 16777216 --decode-order ascending]
-        [--json FILE] [--other-abi]
+        [--json FILE]
 
 Each revision's compressors/_native sources (WORKTREE: the files as they are now) are
 compiled with the flags the package uses into a temporary folder; both libraries are
@@ -38,9 +38,8 @@ from repro import bench, sources
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def build(rev: str, folder: Path, other_abi: bool = False) -> ctypes.CDLL:
-    """The library compiled from `rev`'s sources (WORKTREE: the files on disk); with
-    `other_abi`, also when its ABI version is not the checkout's."""
+def build(rev: str, folder: Path) -> ctypes.CDLL:
+    """The library compiled from `rev`'s sources (WORKTREE: the files on disk)."""
     src = folder / rev.replace("/", "_").replace("~", "-")
     src.mkdir()
     for name in _native.SOURCES + _native.HEADERS:
@@ -60,10 +59,10 @@ def build(rev: str, folder: Path, other_abi: bool = False) -> ctypes.CDLL:
     subprocess.run(cmd, check=True)
     lib = ctypes.CDLL(str(target))
     _native._declare(lib)
-    if lib.gc_abi_version() != _native.ABI_VERSION and not other_abi:
+    if lib.gc_abi_version() != _native.ABI_VERSION:
         raise SystemExit(f"{rev}: ABI version {lib.gc_abi_version()}, this checkout's is "
-                         f"{_native.ABI_VERSION}: compare revisions with the same ABI, "
-                         "or pass --other-abi where the calls the bench makes did not change")
+                         f"{_native.ABI_VERSION}: compare revisions with the same ABI, or "
+                         "whole revisions with scripts/bench_revisions_ab.py")
     return lib
 
 
@@ -143,9 +142,6 @@ def main() -> None:
                         help="each rank's indices ascending (a threshold sparsifier's, "
                              "dragonn-fig5b's) or in random order (repro bench's)")
     parser.add_argument("--json", default=None, help="also write the results here")
-    parser.add_argument("--other-abi", action="store_true",
-                        help="accept an old revision of another ABI version (only where the "
-                             "calls the bench makes mean the same to both builds)")
     args = parser.parse_args()
     args.old_rev, args.new_rev = resolve(args.old_rev), resolve(args.new_rev)
     if _native.load() is None:
@@ -159,8 +155,7 @@ def main() -> None:
     rows = []
     own = _native._lib
     with tempfile.TemporaryDirectory() as tmp:
-        libs = {"old": build(args.old_rev, Path(tmp), args.other_abi),
-                "new": build(args.new_rev, Path(tmp))}
+        libs = {"old": build(args.old_rev, Path(tmp)), "new": build(args.new_rev, Path(tmp))}
         print(f"old = {args.old_rev}, new = {args.new_rev}; {args.threads} threads, medians of "
               f"{args.steps - 3} steps" + (f"; {x.numel()} float32 elements" if names else ""))
         try:
