@@ -243,12 +243,13 @@ class Dragonn(Compressor):
                 raise _native.NonFinite("the tensor holds NaN or Inf")
             candidates = found[0]
         else:
-            if _native.supports(acc):  # one fused pass, no |acc| or mask buffer
+            native = _native.supports(acc)
+            if native:  # one fused pass, no |acc| or mask buffer
                 candidates = _native.select(acc, float(threshold), reserve=k,
                                             check_finite=ctx.check_finite)[0]
             else:
                 candidates = flat_nonzero(acc.abs() >= threshold)
-            if _native.supports(acc) and fits:
+            if native and fits:
                 # The memory write and the value gather in one native loop over the
                 # candidates (the same integer operations as write_slots).
                 slots, values = _native.dragonn_slots(

@@ -514,10 +514,18 @@ def dragonn_encode(x: torch.Tensor, t: torch.Tensor, m: int, index_bits: int,
                                                  32 - priority_bits, packed, found,
                                                  CHECK=check_finite, BLOCK=FUSED_BLOCK,
                                                  CHUNK=FUSED_CHUNK, num_warps=FUSED_WARPS)
-    out = torch.empty(m, dtype=x.dtype, device=x.device)
-    _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, x, out, VALUES=True,
-                                                BLOCK=SMALL_BLOCK)
-    return packed, out, found
+    return *_dragonn_take(packed, m, index_bits, x, True), found
+
+
+def _dragonn_take(packed: torch.Tensor, m: int, index_bits: int, acc: torch.Tensor,
+                  values: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The written memory's slots (packed turned into the index, −1 where empty, in place)
+    and, with `values`, acc's values there (0 where empty)."""
+    out = torch.empty(m, dtype=acc.dtype, device=acc.device) if values else None
+    _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, acc,
+                                                packed if out is None else out,
+                                                VALUES=values, BLOCK=SMALL_BLOCK)
+    return packed, out
 
 
 def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,
@@ -530,11 +538,7 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
         _dragonn_write_kernel[_grid(keys.numel(), SMALL_BLOCK)](
             keys, keys.numel(), m, int(seeds[0]), int(seeds[1]), index_bits,
             32 - priority_bits, packed, BLOCK=SMALL_BLOCK)
-    out = torch.empty(m, dtype=acc.dtype, device=acc.device) if values else None
-    _dragonn_take_kernel[_grid(m, SMALL_BLOCK)](packed, m, index_bits, acc,
-                                                packed if out is None else out,
-                                                VALUES=values, BLOCK=SMALL_BLOCK)
-    return packed, out
+    return _dragonn_take(packed, m, index_bits, acc, values)
 
 
 def self_test(device: torch.device | str) -> str | None:
