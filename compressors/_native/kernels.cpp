@@ -115,6 +115,19 @@ struct LogSum16 {
     p1 = _mm512_mul_pd(p1, _mm512_cvtps_pd(
                                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(m), 1))));
   }
+  // the same step where a is already widened (y0: lanes 0–7, y1: lanes 8–15, as in
+  // block_spec): getmant of a double that holds a float exactly is that float's mantissa,
+  // so the same factors go into the same chains (the same bits) without a second widening
+  void add(__m512 a, __m512d y0, __m512d y1) {
+    const __mmask16 nz = _mm512_test_epi32_mask(_mm512_castps_si512(a), _mm512_castps_si512(a));
+    count += __builtin_popcount(static_cast<unsigned>(nz));
+    e = _mm512_add_ps(e, _mm512_maskz_getexp_ps(nz, a));
+    const __m512d one = _mm512_set1_pd(1.0);
+    p0 = _mm512_mul_pd(p0, _mm512_mask_getmant_pd(one, static_cast<__mmask8>(nz), y0,
+                                                  _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero));
+    p1 = _mm512_mul_pd(p1, _mm512_mask_getmant_pd(one, static_cast<__mmask8>(nz >> 8), y1,
+                                                  _MM_MANT_NORM_1_2, _MM_MANT_SIGN_zero));
+  }
   // after each 4096 elements of the block and at its end (again at once: no change)
   void renormalise() {
     const float es = _mm512_reduce_add_ps(e);
@@ -925,7 +938,9 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 //   all:  count, Σ|x| (and Σx² with SQA) of every element: the same lanes, order and block
 //         partials as gc_stats (block_all_f32), so η₁ equals the plain path's bit for bit;
 //   mid:  count and Σ|x| (without SQ), or count, Σz and Σz² of z = |x| − b (with SQ), over
-//         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool;
+//         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool
+//         (the AVX-512 loop adds z² with a fused multiply-add, so its Σz² may differ from
+//         the AVX2 loop's in the last bits; nothing else compares them bit for bit);
 //   stream: the |x| of the window w ≤ |x| < b and of the pool |x| > g, ascending
 //         (compressed in registers, or through the permutation table), and a bitmap of
 //         their positions (bit i of byte i/8: x[i] is in the stream), one byte per 8
@@ -963,13 +978,13 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     for (; i + 16 <= hi; i += 16) {
       if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
       const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
-      if (LOG) {
-        logs.add(a);
-        if ((i - lo + 16) % 4096 == 0) logs.renormalise();
-      }
       const __m512d y0 = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
       const __m512d y1 = _mm512_cvtps_pd(
           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+      if (LOG) {
+        logs.add(a, y0, y1);
+        if ((i - lo + 16) % 4096 == 0) logs.renormalise();
+      }
       S = _mm512_add_pd(_mm512_add_pd(S, y0), y1);
       if (SQA) Q = _mm512_add_pd(_mm512_add_pd(Q, _mm512_mul_pd(y0, y0)), _mm512_mul_pd(y1, y1));
       const __mmask16 geb = _mm512_cmp_ps_mask(a, bv, _CMP_GE_OQ);
@@ -981,8 +996,8 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
         const __m512d z0 = _mm512_sub_pd(y0, sh), z1 = _mm512_sub_pd(y1, sh);
         M = _mm512_mask_add_pd(M, k0, M, z0);
         M = _mm512_mask_add_pd(M, k1, M, z1);
-        R = _mm512_mask_add_pd(R, k0, R, _mm512_mul_pd(z0, z0));
-        R = _mm512_mask_add_pd(R, k1, R, _mm512_mul_pd(z1, z1));
+        R = _mm512_mask3_fmadd_pd(z0, z0, R, k0);  // z² unrounded: one op instead of two
+        R = _mm512_mask3_fmadd_pd(z1, z1, R, k1);
       } else {  // |x| where in mid
         M = _mm512_mask_add_pd(M, k0, M, y0);
         M = _mm512_mask_add_pd(M, k1, M, y1);
