@@ -1196,8 +1196,8 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
 // threads: each part finds its first entry's checkpoint by bisection and walks the later
 // ones forwards; within a checkpoint's 8 words the entry's word is the number of their
 // running bit counts at or below it (no branch to mispredict; the words past the bitmap's
-// end are read from the room's padding and never counted), and its bit is found by
-// clearing the lower ones. Returns 0, -1 when q is not ascending or holds a negative, -2
+// end are read from the room's padding and never counted), and its bit is deposited by
+// pdep where BMI2 is fast, else found by clearing the lower ones. Returns 0, -1 when q is not ascending or holds a negative, -2
 // when an entry is past the stream's end.
 int stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* q, int64_t m,
                   int32_t* out, int threads) {
@@ -1224,7 +1224,11 @@ int stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* 
         before = past ? run : before;
       }
       uint64_t v = w[word];
+#if defined(__BMI2__) && !defined(__znver1__) && !defined(__znver2__)
+      v = _pdep_u64(uint64_t(1) << (r - before), v);  // its bit alone (slow before Zen 3)
+#else
       for (int64_t k = r - before; k > 0; --k) v &= v - 1;
+#endif
       out[j] = static_cast<int32_t>(64 * (c * (CHECKPOINT / 64) + word) + __builtin_ctzll(v));
     }
   });
