@@ -17,7 +17,7 @@ import inspect
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import torch
 
@@ -339,6 +339,16 @@ class Compressor(abc.ABC):
         return False
 
 
+class Selected(NamedTuple):
+    """What a sparsifier's `select` may return instead of bare indices: the indices and
+    acc's values at them (the same bits as acc.index_select(0, indices)), read by the
+    selection pass itself, so the protocol does not gather them from acc again (scattered
+    reads of lines the pass has just pushed out of the cache)."""
+
+    indices: torch.Tensor
+    values: torch.Tensor
+
+
 class Sparsifier(Compressor):
     """Selects coordinates of |acc| and sends their exact values by sparse allgather.
 
@@ -352,19 +362,25 @@ class Sparsifier(Compressor):
         self.ratio = check_ratio(ratio)
 
     @abc.abstractmethod
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | tuple[torch.Tensor, dict]:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context
+               ) -> torch.Tensor | Selected | tuple[torch.Tensor, dict]:
         """Indices (1-D, int64 or int32, unique) this worker sends, optionally with a dict
-        of diagnostics (threshold, stages, ...) that lands in Outcome.extra."""
+        of diagnostics (threshold, stages, ...) that lands in Outcome.extra, or Selected
+        (the indices with their values)."""
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
         chosen = self.select(acc, k, ctx)
         extra: dict[str, Any] = {}
-        if isinstance(chosen, tuple):
+        values = None
+        if isinstance(chosen, Selected):
+            chosen, values = chosen
+        elif isinstance(chosen, tuple):
             chosen, extra = chosen
         indices = chosen.to(index_dtype(numel))
-        values = acc.index_select(0, indices)  # (not acc[indices]: 2x slower on cold lines)
+        if values is None:
+            values = acc.index_select(0, indices)  # (not acc[indices]: 2x slower on cold lines)
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
         aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
                                 out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,

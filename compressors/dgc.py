@@ -28,6 +28,7 @@ from compressors.base import (
     Context,
     Outcome,
     Protocol,
+    Selected,
     Sparsifier,
     SparseSent,
     check_ratio,
@@ -191,31 +192,35 @@ class DGC(Sparsifier):
 
     def select_with_stats(
         self, acc: torch.Tensor, k: int, ctx: Context
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(indices, threshold, candidates above the threshold)."""
+    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+        """(indices, threshold, candidates above the threshold, acc's values at the
+        indices when the selection pass wrote them, else None)."""
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
         if _native.supports(acc):
-            # One fused pass: positions and |acc| of the candidates, no full-size buffer
-            # (and the folded NaN/Inf check when the Session asks: ctx.check_finite).
-            # (on CUDA the threshold stays on the device: the total is the one wait)
-            candidates, chosen = _native.select(acc, threshold, values=True,
+            # One fused pass: positions and values of the candidates (the values sent), no
+            # full-size buffer (and the folded NaN/Inf check when the Session asks:
+            # ctx.check_finite). (on CUDA the threshold stays on the device: the total is
+            # the one wait)
+            candidates, values = _native.select(acc, threshold, values=True, signed=True,
                                                 check_finite=ctx.check_finite, reserve=k)
         else:
             magnitude = acc.abs()
             candidates = flat_nonzero(magnitude >= threshold)
-            chosen = None
+            values = None
         count = candidates.numel()
         if count > self.overselect_limit(k):
-            if chosen is None:
-                chosen = magnitude.index_select(0, candidates)
+            chosen = (magnitude.index_select(0, candidates) if values is None
+                      else values.abs())
             best = torch.topk(chosen, k, sorted=False).indices
             candidates = candidates[best]
-        return candidates, threshold, count
+            values = None if values is None else values[best]
+        return candidates, threshold, count, values
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        return self.select_with_stats(acc, k, ctx)[0]
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+        indices, _, _, values = self.select_with_stats(acc, k, ctx)
+        return indices if values is None else Selected(indices, values)
 
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         # The sample reads 1% of acc; the selection pass reads all of it and checks.
@@ -224,9 +229,10 @@ class DGC(Sparsifier):
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
-        indices, threshold, count = self.select_with_stats(acc, k, ctx)
+        indices, threshold, count, values = self.select_with_stats(acc, k, ctx)
         indices = indices.to(index_dtype(numel))
-        values = acc.index_select(0, indices)
+        if values is None:
+            values = acc.index_select(0, indices)
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
         aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
                                 out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,

@@ -35,7 +35,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from compressors import _native
-from compressors.base import Context
+from compressors.base import Context, Selected
 from compressors.registry import register
 from compressors.threshold import (
     SAFE_MEAN,
@@ -48,7 +48,7 @@ from compressors.threshold import (
     mean_abs,
     mean_and_variance,
     moments_from_sums,
-    native_select,
+    native_pick,
     nonzero_indices,
     pool_index_dtype,
     rescale_for_moments,
@@ -230,7 +230,7 @@ class _SIDCo(ThresholdSparsifier):
 
     # -- the step ---------------------------------------------------------------------
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
         state = ctx.state
         stages = state.get("stages", self.initial_stages)
         ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
@@ -246,7 +246,8 @@ class _SIDCo(ThresholdSparsifier):
             return empty_indices(acc.device)
         self.report(ctx, stages=len(ratios), threshold=threshold)
         if self.adaptive and self.ratio < self.first_stage_ratio:
-            self._adapt(state, indices.numel() / k)
+            chosen = indices.indices if isinstance(indices, Selected) else indices
+            self._adapt(state, chosen.numel() / k)
         return indices
 
     def _select_reference(self, acc: torch.Tensor, ratios: list[float]):
@@ -272,14 +273,16 @@ class _SIDCo(ThresholdSparsifier):
                        k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
         statistics, one for the second stage's, one that compacts the survivors of the
-        second stage (positions and |acc|), later stages on those survivors only, and the
+        second stage (positions and values), later stages on those survivors only, and the
         final selection from the last pool (its threshold is above the pool's, so nothing
         outside it can pass). When the previous step's thresholds are known, the first
         read also takes what the second stage needs near them and the pool above them
         (_native.sidco_spec): where the new thresholds land inside those bounds, the second
         and third reads are not needed; where not, they run as above. The selection is
-        the same either way. (indices, threshold, whether the speculation held: None when
-        not tried), or None when the data need the reference path's rescaling."""
+        the same either way. The pools carry acc's values, so the final selection comes
+        with the values to send (Selected). (Selected, threshold, whether the speculation
+        held: None when not tried), or None when the data need the reference path's
+        rescaling."""
         first = self.first_fit
         bounds = self._speculation_bounds(acc, ratios, ctx)
         spec = None
@@ -352,11 +355,12 @@ class _SIDCo(ThresholdSparsifier):
                 break
             threshold = new
         if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
-            return native_select(acc, threshold, expected=k), threshold, hit
-        indices = _native.select(pool, threshold)[0]
+            return native_pick(acc, threshold, expected=k), threshold, hit
+        # the pools carry acc's values (signed): those selected are the ones sent
+        indices, values = _native.select(pool, threshold, values=True, signed=True)
         for positions in reversed(maps):
             indices = positions.index_select(0, indices)
-        return indices, threshold, hit
+        return Selected(indices, values), threshold, hit
 
     # -- speculation from the previous step --------------------------------------------
 
@@ -454,14 +458,16 @@ class _SIDCo(ThresholdSparsifier):
 
 
 def _compact(pool: torch.Tensor, t: float, keep: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Positions in `pool` (ascending; int32 on the CPU, see pool_index_dtype) and
-    magnitudes of its elements with |x| > t; `keep`: the fraction expected to pass."""
+    """Positions in `pool` (ascending; int32 on the CPU, see pool_index_dtype) and values
+    (signed, as in acc) of its elements with |x| > t; `keep`: the fraction expected to
+    pass."""
     if pool.dtype == torch.float32:
         _, local, values = _native.pool(
             pool, t, dense=keep > _native.DENSE_FRACTION,
-            reserve=int(1.25 * keep * pool.numel()) + 1024, index_dtype=pool_index_dtype(pool))
+            reserve=int(1.25 * keep * pool.numel()) + 1024, index_dtype=pool_index_dtype(pool),
+            signed=True)
         return local, values
-    return _native.select(pool, t, strict=True, values=True,
+    return _native.select(pool, t, strict=True, values=True, signed=True,
                           reserve=int(2 * keep * pool.numel()))
 
 
@@ -474,7 +480,7 @@ class _Speculative(NamedTuple):
     mid: _native.Stats  # upper ≤ |acc| ≤ pool_above
     # views of this thread's stream room (_native.stream_room): read before select returns
     positions: _native.StreamPositions  # acc positions of the stream (index_select)
-    values: torch.Tensor  # their |acc|: window ≤ |acc| < upper, and |acc| > pool_above
+    values: torch.Tensor  # their acc (signed): window ≤ |acc| < upper, |acc| > pool_above
 
 
 def _guess(thresholds: list[tuple[float, float]]) -> tuple[float, float]:

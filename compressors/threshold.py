@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from compressors import _native
-from compressors.base import Context, Protocol, Sparsifier
+from compressors.base import Context, Protocol, Selected, Sparsifier
 from compressors.registry import register
 
 # ctx.state key under which `select` leaves this step's diagnostics for `protocol` to move
@@ -64,6 +64,15 @@ def native_select(acc: torch.Tensor, threshold: float, check_finite: bool = Fals
     `check_finite`: the same read raises _native.NonFinite on a NaN or an Inf.
     `expected`: about how many pass (k), which picks the faster writing layout."""
     return _native.select(acc, threshold, check_finite=check_finite, reserve=expected)[0]
+
+
+def native_pick(acc: torch.Tensor, threshold: float, check_finite: bool = False,
+                expected: int = 0) -> Selected:
+    """native_select with acc's values at the positions, written by the same pass (what
+    the protocol sends; not gathered from acc again)."""
+    indices, values = _native.select(acc, threshold, values=True, signed=True,
+                                     check_finite=check_finite, reserve=expected)
+    return Selected(indices, values)
 
 
 def check_sum_finite(acc: torch.Tensor, total: float, ctx: Context) -> None:
@@ -208,9 +217,9 @@ class HardThreshold(ThresholdSparsifier):
         if use_native(acc):
             # λ, not k, decides how many pass: the last step's count picks the writing
             # layout (kept only once this step's read has passed the NaN/Inf check)
-            indices = native_select(acc, self.lam, check_finite=ctx.check_finite,
-                                    expected=ctx.state.get("count", 0))
-            ctx.state["count"] = indices.numel()
+            indices = native_pick(acc, self.lam, check_finite=ctx.check_finite,
+                                  expected=ctx.state.get("count", 0))
+            ctx.state["count"] = indices.indices.numel()
         else:
             indices = nonzero_indices(magnitudes(acc) >= self.lam)
         self.report(ctx, threshold=self.lam)
@@ -241,7 +250,7 @@ class GaussianKSGD(ThresholdSparsifier):
             if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
                 return self._search(k, ctx, mean_f, var_f, 1.0,
                                     lambda t: (_native.count(acc, t), None),
-                                    lambda t, _: native_select(acc, t, expected=k))
+                                    lambda t, _: native_pick(acc, t, expected=k))
             if mean_f == 0.0:
                 self.report(ctx, threshold=0.0, corrections=0)
                 return empty_indices(acc.device)
@@ -299,7 +308,7 @@ class RedSync(ThresholdSparsifier):
             if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
                 return self._search(k, ctx, mean_f, st.max, 1.0,
                                     lambda t: (_native.count(acc, t), None),
-                                    lambda t, _: native_select(acc, t, expected=k))
+                                    lambda t, _: native_pick(acc, t, expected=k))
         mag = magnitudes(acc)
         max_f = float(mag.max())
         if max_f == 0.0:
@@ -374,7 +383,7 @@ class MSTopK(ThresholdSparsifier):
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
                         pool, t, dense=keep > _native.DENSE_FRACTION, strict=False,
                         index_dtype=pool_index_dtype(pool))[2],
-                    select_fn=lambda t: native_select(acc, t, expected=k))
+                    select_fn=lambda t: native_pick(acc, t, expected=k))
         mag = magnitudes(acc)
         max_f = float(mag.max())
         if max_f == 0.0:
@@ -418,8 +427,15 @@ class MSTopK(ThresholdSparsifier):
                 hi = mid
                 best_t, best_count = mid, count
         if best_t is None:
-            ties = select_fn(max_f)[:k]
-            self.report(ctx, threshold=max_f * scale, count=ties.numel())
+            ties, count = _first(select_fn(max_f), k)
+            self.report(ctx, threshold=max_f * scale, count=count)
             return ties
         self.report(ctx, threshold=best_t * scale, count=best_count)
         return select_fn(best_t)
+
+
+def _first(chosen: torch.Tensor | Selected, k: int) -> tuple[torch.Tensor | Selected, int]:
+    """The first k of a selection (indices, or Selected), and how many that is."""
+    if isinstance(chosen, Selected):
+        return Selected(chosen.indices[:k], chosen.values[:k]), min(k, chosen.indices.numel())
+    return chosen[:k], min(k, chosen.numel())

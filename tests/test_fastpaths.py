@@ -53,6 +53,10 @@ def test_select_and_count_match_torch(n, dtype):
             assert idx.dtype == torch.int64 and torch.equal(idx, expected), (t, strict)
             assert torch.equal(val, mag[expected])
             assert _native.count(x, t, strict=strict) == expected.numel()
+            for reserve in (0, n):  # skipping groups without a hit, and branch-free
+                idx, val = _native.select(x, t, strict=strict, values=True, signed=True,
+                                          reserve=reserve)
+                assert torch.equal(idx, expected) and torch.equal(val, x[expected])
 
 
 @needs_native

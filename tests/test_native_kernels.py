@@ -301,8 +301,16 @@ def test_pool_ge_and_gt_differ_only_at_ties():
     assert torch.equal(gt, torch.nonzero(x.abs() > 0.5).squeeze(1))
     assert torch.equal(ge, torch.nonzero(x.abs() >= 0.5).squeeze(1))
     assert torch.equal(vals, x.abs()[ge])
+    for dense in (False, True):  # x itself with `signed`, on every writing path
+        for index_dtype in (torch.int64, torch.int32):
+            _, ge, vals = _native.pool(x, 0.5, dense=dense, strict=False, signed=True,
+                                       index_dtype=index_dtype)
+            assert torch.equal(ge.long(), torch.nonzero(x.abs() >= 0.5).squeeze(1))
+            assert torch.equal(vals, x[ge.long()])
     with pytest.raises(TypeError, match="contiguous CPU float32"):
         _native.pool(x[::2], 0.5)
+    with pytest.raises(ValueError, match="no index_map"):
+        _native.select(x, 0.5, values=True, signed=True, index_map=torch.arange(x.numel()))
 
 
 @needs_native

@@ -39,8 +39,9 @@ def _f32(v: float) -> float:
 def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, share):
     """The first statistics equal gc_stats' bit for bit (Σy² only when asked; with `logs`,
     the nonzeros and Σ ln|x| the gamma fit reads too); mid's count is exact and its
-    sums (Σ|x|, or Σz and Σz² with mid_squares) equal float64 sums; the stream is {w ≤ |x| < b} ∪ {|x| > g}, ascending, with
-    |x|; bounds equal to elements (ties) compare as torch compares in float32. Each
+    sums (Σ|x|, or Σz and Σz² with mid_squares) equal float64 sums; the stream is
+    {w ≤ |x| < b} ∪ {|x| > g}, ascending, with x itself (signed: what is finally sent);
+    bounds equal to elements (ties) compare as torch compares in float32. Each
     thread writes its part of the stream where its elements start, then the parts are
     moved together: by all threads where a part's new place is clear of its old one (a
     narrow stream, about 15% of x), by one overlapping move where not (a wide one, 90%)."""
@@ -74,7 +75,7 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
     positions = idx.tensor()
     assert positions.dtype == torch.int32 and torch.equal(positions.long(), expected)
     assert idx.count == val.numel()
-    assert torch.equal(val, mag[expected])
+    assert torch.equal(val, x[expected])
     assert expected.numel() > 0
 
 

@@ -42,7 +42,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 14
+ABI_VERSION = 15
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -340,18 +340,27 @@ def count(x: torch.Tensor, t: float, strict: bool = False) -> int:
 
 def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
            values: bool = False, index_map: torch.Tensor | None = None, reserve: int = 0,
-           check_finite: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+           check_finite: bool = False, signed: bool = False,
+           ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
-    `values`, their |x| (x's dtype). With `index_map` (int64, one per element of x) the
+    `values`, their |x| (x's dtype), or with `signed` their x itself (what a sparsifier
+    sends, taken in the same read instead of gathered from x again). With `index_map`
+    (int64, one per element of x) the
     positions are mapped through it. One read pass; outputs allocated at their exact size.
     `check_finite`: raise NonFinite when x holds a NaN or an Inf, found in the same read.
     `reserve`: the number of hits expected (presizes the buffers); when it is more than
     DENSE_FRACTION of a float32 x (with no index_map) the hits are written branch-free,
     the same result faster at such densities. `t` may be a one-element tensor in x's
     dtype on x's device: on CUDA the kernels read it there (no synchronisation for it)."""
+    if signed and index_map is not None:
+        raise ValueError("select(signed=True) takes no index_map: the values are read at "
+                         "positions in x, which the map would hide")
     if x.device.type == "cuda":  # a counting pass, then a writing one; `reserve`: CPU hint
-        return _gpu().select(x, t, strict=strict, values=values, index_map=index_map,
-                             check_finite=check_finite)
+        idx, val = _gpu().select(x, t, strict=strict, values=values and not signed,
+                                 index_map=index_map, check_finite=check_finite)
+        if values and signed:  # gathered on the device (the kernel writes |x|)
+            val = x.reshape(-1).index_select(0, idx)
+        return idx, val
     if isinstance(t, torch.Tensor):
         t = float(t)
     n = x.numel()
@@ -359,7 +368,8 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
     bad = ctypes.c_int(0)
     handle = _fn("gc_select_begin", x)(
         x.data_ptr(), None if index_map is None else index_map.data_ptr(), n, _threads(n),
-        float(t), int(strict), int(values), int(reserve), int(check_finite),
+        float(t), int(strict), (2 if signed else 1) if values else 0, int(reserve),
+        int(check_finite),
         int(reserve > DENSE_FRACTION * n), ctypes.byref(bad), ctypes.byref(total))
     if not handle:
         raise MemoryError("native selection could not allocate its buffers")
@@ -375,10 +385,11 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
 
 def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0.0,
          squares: bool = False, extremes: bool = False, dense: bool = False, reserve: int = 0,
-         strict: bool = True, index_dtype: torch.dtype = torch.int64,
+         strict: bool = True, index_dtype: torch.dtype = torch.int64, signed: bool = False,
          ) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
     """float32 only. Ascending positions (`index_dtype`: int64, or int32 for fewer than
-    2^31 elements) and |x| of {|x| > t} ({|x| ≥ t} when not `strict`) (the next "pool"),
+    2^31 elements) and |x| (x itself with `signed`) of {|x| > t} ({|x| ≥ t} when not
+    `strict`) (the next "pool"),
     and, when `above` is given, in the same read the statistics `stats(x, above, shift,
     squares, extremes)` would return (bit for bit: the same per-block partials; nonzeros
     count only with `extremes`, no logs). `dense`: more than a few percent are expected to
@@ -394,11 +405,11 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
                          f"{index_dtype} for {n} elements")
     if x.device.type == "cuda":  # a statistics pass, then the selection
         st = None if above is None else stats(x, above, shift, squares, extremes)
-        idx, val = _gpu().select(x, t, strict=strict, values=True)
+        idx, val = select(x, t, strict=strict, values=True, signed=signed)
         return st, idx.to(index_dtype), val
     out = (ctypes.c_double * 7)()
     total = _C_INT64(0)
-    flags = (1 if squares else 0) | (2 if extremes else 0)
+    flags = (1 if squares else 0) | (2 if extremes else 0) | (4 if signed else 0)
     narrow = index_dtype == torch.int32
     handle = load().gc_pool_begin_f32(
         x.data_ptr(), n, _threads(n), 0.0 if above is None else float(above), float(shift),
@@ -458,9 +469,10 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
     logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count and
     Σ|x| over upper ≤ |x| ≤ pool_above, or with `mid_squares` (default: `squares`) the
     count, Σz and Σz² of z = |x| − upper there, where `upper` is rounded to float32 first;
-    the stream's positions in x (StreamPositions) and its |x|, ascending: window ≤ |x| <
-    upper, and |x| > pool_above). The bounds compare in float32 as torch does; window ≤
-    upper ≤ pool_above. One read pass.
+    the stream's positions in x (StreamPositions) and its x (signed: stats, pool and
+    select compare |x|, and the values finally selected are the ones sent), ascending:
+    window ≤ |x| < upper, and |x| > pool_above). The bounds compare in float32 as torch
+    does; window ≤ upper ≤ pool_above. One read pass.
 
     The stream is written straight where it is returned: into `room` (stream_room), a
     contiguous uint8 CPU tensor of at least stream_bitmap_bytes(x.numel()) bytes for the

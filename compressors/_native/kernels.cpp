@@ -5,13 +5,13 @@
 //   gc_stats_*    count, Σy, Σy², max, min of y = |x| − shift over {|x| > above} (or all
 //                 elements), plus the nonzero count and Σ ln|x| when asked: one read pass.
 //   gc_count_*    #{|x| ≥ t} (or > t): one read pass, nothing written.
-//   gc_select_*   positions (and optionally |x|) of {|x| ≥ t} (or > t), ascending: one
+//   gc_select_*   positions (and optionally |x|, or x itself) of {|x| ≥ t} (or > t), ascending: one
 //                 read pass; each thread appends its hits to its own growing buffer, the
 //                 caller then allocates the exact-size output and gc_take copies into it.
 //                 Selections expected to keep more than about 1% of a float32 input are
 //                 written branch-free instead (select_dense_f32).
-//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥) with |x| in the
-//                 same read (SIDCo's pools); dense pools are written branch-free.
+//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥) with |x| (or x)
+//                 in the same read (SIDCo's pools); dense pools are written branch-free.
 //   gc_sample_abs_*  |x| at hashed random positions (DGC/DRAGONN's sample), prefetched.
 // float32 inputs are compared (and |x|, max, min taken) in float32 lanes; only sums are
 // widened to double.
@@ -579,6 +579,7 @@ struct Hits {
   T* val = nullptr;
   int64_t size = 0, cap = 0;
   bool values = false, narrow = false;
+  bool sign = false;  // values are x itself (the sender's values), not |x|
   Buf bi, bv;
   ~Hits() { pool_give(bi); pool_give(bv); }
   Hits() = default;
@@ -586,6 +587,7 @@ struct Hits {
   Hits& operator=(Hits&& o) noexcept {
     std::swap(idx, o.idx); std::swap(val, o.val); std::swap(size, o.size);
     std::swap(cap, o.cap); std::swap(values, o.values); std::swap(narrow, o.narrow);
+    std::swap(sign, o.sign);
     std::swap(bi, o.bi); std::swap(bv, o.bv);
     return *this;
   }
@@ -623,10 +625,11 @@ inline void write_hits(const T* x, const int64_t* map, int64_t i, int64_t end, T
   int64_t k = out.size;
   int64_t* idx = out.idx;
   T* val = out.val;
+  const bool sign = out.sign;
   for (int64_t j = i; j < end; ++j) {
     const T a = std::fabs(x[j]);
     idx[k] = map ? map[j] : j;
-    if (val) val[k] = a;
+    if (val) val[k] = sign ? x[j] : a;
     k += STRICT ? (a > tt) : (a >= tt);
   }
   out.size = k;
@@ -723,6 +726,7 @@ void* select_begin(const T* x, const int64_t* map, int64_t n, int threads, doubl
       const int64_t lo = b0 * BLOCK, hi = std::min(n, b1 * BLOCK);
       Hits<T>& h = sel.parts[tid];
       h.values = values != 0;
+      h.sign = values == 2;
       h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
       int* b = &bad[tid];
       if (strict) {
@@ -767,8 +771,8 @@ constexpr int64_t NARROW_LIMIT = (int64_t(1) << 31) - 16;
 
 // NARROW: positions stored as int32 (the caller guarantees n < NARROW_LIMIT): one 256-bit
 // store per group of 8 instead of two, about a fifth of the loop's time on Zen 1.
-// VALUES: |x| written beside the positions. CHECK: as select_range_f32, a NaN/±Inf
-// anywhere in [lo, hi) sets *bad.
+// VALUES: |x| (x itself with out.sign) written beside the positions. CHECK: as
+// select_range_f32, a NaN/±Inf anywhere in [lo, hi) sets *bad.
 template <bool STRICT, bool NARROW, bool VALUES = true, bool CHECK = false>
 void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<float>& out,
                          int* bad = nullptr) {
@@ -777,6 +781,7 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
   int64_t* idx = out.idx;
   int32_t* idx32 = out.idx32();
   float* val = out.val;
+  const bool sign = out.sign;
   const float fm = std::numeric_limits<float>::max();
   int nonfinite = 0;
   int64_t i = lo;
@@ -790,11 +795,12 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
                                    _mm256_set1_epi32(static_cast<int32_t>(lo)));
     const __m256i eight = _mm256_set1_epi32(8);
     for (; i + 8 <= hi; i += 8) {
-      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      const __m256 a = _mm256_and_ps(xv, absmask);
       if (CHECK) finite = _mm256_and_ps(finite, _mm256_cmp_ps(a, mv, _CMP_LE_OQ));
       const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, tv, STRICT ? _CMP_GT_OQ : _CMP_GE_OQ));
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
-      if (VALUES) _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
+      if (VALUES) _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(sign ? xv : a, p));
       const __m256i q = _mm256_permutevar8x32_epi32(pos, p);
       if (NARROW) {
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(idx32 + k), q);
@@ -817,7 +823,7 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
       idx32[k] = static_cast<int32_t>(i);
     else
       idx[k] = i;
-    if (VALUES) val[k] = a;
+    if (VALUES) val[k] = sign ? x[i] : a;
     k += STRICT ? (a > tt) : (a >= tt);
   }
   out.size = k;
@@ -830,11 +836,12 @@ void compact_block_dense(const float* x, int64_t lo, int64_t hi, float tt, Hits<
 // select_range_f32). The same positions and values as select_begin, in the same order.
 template <bool STRICT, bool VALUES, bool CHECK>
 void select_dense_parts(const float* x, int64_t n, int nth, double t, int64_t reserve,
-                        Selection<float>& sel, std::vector<int>& bad) {
+                        bool sign, Selection<float>& sel, std::vector<int>& bad) {
   const float tt = static_cast<float>(t);
   parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
     Hits<float>& h = sel.parts[tid];
     h.values = VALUES;
+    h.sign = sign;
     h.narrow = true;
     h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
     for (int64_t b = b0; b < b1; ++b) {
@@ -852,7 +859,7 @@ void* select_dense_f32(const float* x, int64_t n, int threads, double t, int str
                               [&](Selection<float>& sel, std::vector<int>& bad) {
     switch (variant) {
 #define GC_DENSE(V, S, W, C) \
-  case V: select_dense_parts<S, W, C>(x, n, nth, t, reserve, sel, bad); break;
+  case V: select_dense_parts<S, W, C>(x, n, nth, t, reserve, values == 2, sel, bad); break;
       GC_DENSE(0, false, false, false) GC_DENSE(1, false, false, true)
       GC_DENSE(2, false, true, false) GC_DENSE(3, false, true, true)
       GC_DENSE(4, true, false, false) GC_DENSE(5, true, false, true)
@@ -875,7 +882,8 @@ void* select_any(const T* x, const int64_t* map, int64_t n, int threads, double 
                          total);
 }
 
-// `narrow` (dense pools of n < NARROW_LIMIT only): positions kept as int32.
+// `narrow` (dense pools of n < NARROW_LIMIT only): positions kept as int32. flags: bit 0
+// Σy², bit 1 extremes, bit 2 the pool's values are x itself rather than |x|.
 void* pool_begin(const float* x, int64_t n, int threads, double above, double shift, int flags,
                  int want_stats, double pool_t, int strict, int dense, int64_t reserve, double* out,
                  int64_t* total, int narrow) {
@@ -883,13 +891,14 @@ void* pool_begin(const float* x, int64_t n, int threads, double above, double sh
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   const float pt = static_cast<float>(pool_t);
   const double abv = static_cast<double>(static_cast<float>(above));
-  const bool sq = flags & 1, ext = (flags & 2) != 0;
+  const bool sq = flags & 1, ext = (flags & 2) != 0, sign = (flags & 4) != 0;
   const bool narrow32 = narrow && dense && n < NARROW_LIMIT;
   return run_selection<float>(nth, nullptr, total, [&](Selection<float>& sel, std::vector<int>&) {
     std::vector<Partial> part(want_stats ? blocks : 0);
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int tid) {
       Hits<float>& h = sel.parts[tid];
       h.values = true;
+      h.sign = sign;
       h.narrow = narrow32;
       h.ensure(std::max<int64_t>(1024, reserve / nth + 64));
       for (int64_t b = b0; b < b1; ++b) {
@@ -941,7 +950,8 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 //         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool
 //         (the AVX-512 loop adds z² with a fused multiply-add, so its Σz² may differ from
 //         the AVX2 loop's in the last bits; nothing else compares them bit for bit);
-//   stream: the |x| of the window w ≤ |x| < b and of the pool |x| > g, ascending
+//   stream: the x (signed: the later stages compare |x|, and the values finally selected
+//         are the ones sent) of the window w ≤ |x| < b and of the pool |x| > g, ascending
 //         (compressed in registers, or through the permutation table), and a bitmap of
 //         their positions (bit i of byte i/8: x[i] is in the stream), one byte per 8
 //         elements, from which stream_select finds the positions the caller asks for
@@ -977,7 +987,8 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     __m512d S = _mm512_setzero_pd(), Q = S, M = S, R = S;
     for (; i + 16 <= hi; i += 16) {
       if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
-      const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x + i));
+      const __m512 xv = _mm512_loadu_ps(x + i);
+      const __m512 a = _mm512_abs_ps(xv);
       const __m512d y0 = _mm512_cvtps_pd(_mm512_castps512_ps256(a));
       const __m512d y1 = _mm512_cvtps_pd(
           _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
@@ -1005,7 +1016,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const __mmask16 gew = _mm512_cmp_ps_mask(a, wv, _CMP_GE_OQ);
       const __mmask16 m = static_cast<__mmask16>(
           (static_cast<unsigned>(gew) & ~static_cast<unsigned>(geb)) | gtg);
-      _mm512_storeu_ps(val + k, _mm512_maskz_compress_ps(m, a));
+      _mm512_storeu_ps(val + k, _mm512_maskz_compress_ps(m, xv));
       const uint16_t m16 = static_cast<uint16_t>(m);
       std::memcpy(bits + (i >> 3), &m16, sizeof m16);
       k += __builtin_popcount(static_cast<unsigned>(m));
@@ -1036,7 +1047,8 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     __m256i c = _mm256_setzero_si256();
     for (; i + 8 <= hi; i += 8) {
       if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
-      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), absmask);
+      const __m256 xv = _mm256_loadu_ps(x + i);
+      const __m256 a = _mm256_and_ps(xv, absmask);
       v4d y0, y1;
       widen8(reinterpret_cast<v8f>(a), y0, y1);
       s0 += y0;
@@ -1067,7 +1079,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const __m256 inwin = _mm256_andnot_ps(geb, _mm256_cmp_ps(a, wv, _CMP_GE_OQ));
       const int m = _mm256_movemask_ps(_mm256_or_ps(inwin, gtg));
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
-      _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(a, p));
+      _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(xv, p));
       bits[i >> 3] = static_cast<uint8_t>(m);
       k += __builtin_popcount(static_cast<unsigned>(m));
     }
@@ -1092,7 +1104,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const double z = a - shift;
       cnt += 1; ms += z; mq += z * z;
     }
-    val[k] = af;
+    val[k] = x[i];
     const bool in = (af >= w && af < b) || af > g;
     k += in;
     byte |= static_cast<uint8_t>(in) << (i & 7);
@@ -1726,7 +1738,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 14; }
+int gc_abi_version() { return 15; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
