@@ -244,17 +244,19 @@ class Dragonn(Compressor):
             candidates = found[0]
         else:
             native = _native.supports(acc)
-            if native:  # one fused pass, no |acc| or mask buffer
-                candidates = _native.select(acc, float(threshold), reserve=k,
-                                            check_finite=ctx.check_finite)[0]
+            if native:  # one fused pass, no |acc| or mask buffer; the values beside
+                candidates, found = _native.select(acc, float(threshold), reserve=k,
+                                                   check_finite=ctx.check_finite,
+                                                   values=fits, signed=True)
             else:
                 candidates = flat_nonzero(acc.abs() >= threshold)
             if native and fits:
-                # The memory write and the value gather in one native loop over the
-                # candidates (the same integer operations as write_slots).
+                # The memory write and the surviving values in one native loop over the
+                # candidates (the same integer operations as write_slots; the values from
+                # the selection's, not from acc's scattered lines).
                 slots, values = _native.dragonn_slots(
                     candidates, m, *priority_layout(numel), tuple(seeds.tolist()),
-                    acc.reshape(-1))
+                    acc.reshape(-1), key_values=found)
             else:
                 slots = write_slots(candidates, m, seeds, numel)
                 values = acc.index_select(0, slots.clamp(min=0)).masked_fill_(slots < 0, 0)

@@ -411,9 +411,24 @@ def test_dragonn_slots_equal_write_slots(numel, nk, m):
         slots, values = _native.dragonn_slots(keys, m, *priority_layout(numel),
                                               tuple(seeds.tolist()), acc, values=not large)
         assert torch.equal(slots, ref)
+        # the keys' values handed in (as the selection writes them) instead of read from
+        # acc: the same slots (the keys' ordinals order as the keys do) and values
+        stand_in = torch.randn(keys.numel(), generator=g)
+        by_ordinal, from_keys = _native.dragonn_slots(
+            keys, m, *priority_layout(numel), tuple(seeds.tolist()), acc,
+            key_values=acc.index_select(0, keys) if not large else stand_in)
+        assert torch.equal(by_ordinal, ref)
         if not large:
             assert torch.equal(values,
                                acc.index_select(0, ref.clamp(min=0)).masked_fill_(ref < 0, 0))
+            assert torch.equal(from_keys, values)
+        else:  # each slot's value is its key's, found by ordinal
+            ordinal = torch.searchsorted(keys, ref.clamp(min=0))
+            assert torch.equal(from_keys, stand_in[ordinal].masked_fill_(ref < 0, 0))
+    if nk > 1:
+        with pytest.raises(ValueError, match="ascending keys"):
+            _native.dragonn_slots(keys.flip(0).contiguous(), m, *priority_layout(numel),
+                                  tuple(seeds.tolist()), acc, key_values=stand_in)
 
 
 def _payload(n: int, m: int, seed: int, index_dtype: torch.dtype, dtype: torch.dtype):

@@ -156,8 +156,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         f.restype = None
         f = getattr(lib, f"gc_dragonn_slots_{suffix}")
         f.argtypes = [_P, _C_INT64, _C_INT64, ctypes.c_int, ctypes.c_int, ctypes.c_uint32,
-                      ctypes.c_uint32, ptr, _P, ptr]
-        f.restype = None
+                      ctypes.c_uint32, ptr, _P, ptr, ptr]
+        f.restype = ctypes.c_int
         f = getattr(lib, f"gc_all_finite_{suffix}")
         f.argtypes = [ptr, _C_INT64, ctypes.c_int]
         f.restype = ctypes.c_int
@@ -610,23 +610,33 @@ def add_levels_(total: torch.Tensor, levels: torch.Tensor, offsets: torch.Tensor
 
 def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,
                   seeds: tuple[int, int], acc: torch.Tensor, values: bool = True,
+                  key_values: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """DRAGONN's memory write and value gather (compressors.dragonn.write_slots, then
     acc at each slot): (slots int64, −1 where empty; values in acc's dtype, 0 where
     empty, or None without `values`). keys: contiguous int64 candidate indices of acc (a
     contiguous CPU float32/64 tensor of at most 2^32 elements; with `values` every key
-    must index it); m < 2^31."""
+    must index it); m < 2^31. `key_values`: acc at the keys (as select(..., signed=True)
+    writes them, the keys then ascending), read in place of acc's scattered lines."""
     if acc.device.type == "cuda" and supports(acc):
         return _gpu().dragonn_slots(keys.contiguous(), m, index_bits, priority_bits, seeds,
                                     acc, values)
     if not supports(acc) or keys.dtype != torch.int64 or not keys.is_contiguous():
         raise TypeError("dragonn_slots() takes contiguous int64 keys and a contiguous CPU "
                         "float32/float64 acc")
+    if key_values is not None and not (
+            key_values.dtype == acc.dtype and key_values.is_contiguous()
+            and key_values.device.type == "cpu" and key_values.numel() == keys.numel()):
+        raise TypeError(f"dragonn_slots() key_values must be a contiguous CPU {acc.dtype} "
+                        f"tensor with one value per key ({keys.numel()})")
     slots = torch.empty(m, dtype=torch.int64)
     out = torch.empty(m, dtype=acc.dtype) if values else None
-    _fn("gc_dragonn_slots", acc)(keys.data_ptr(), keys.numel(), m, index_bits, priority_bits,
-                                 seeds[0], seeds[1], acc.data_ptr(), slots.data_ptr(),
-                                 None if out is None else out.data_ptr())
+    if _fn("gc_dragonn_slots", acc)(
+            keys.data_ptr(), keys.numel(), m, index_bits, priority_bits, seeds[0], seeds[1],
+            acc.data_ptr(), slots.data_ptr(), None if out is None else out.data_ptr(),
+            None if key_values is None else key_values.data_ptr()):
+        raise ValueError("dragonn_slots() with key_values takes ascending keys (as a "
+                         "selection writes them)")
     return slots, out
 
 

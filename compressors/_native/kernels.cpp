@@ -1270,11 +1270,17 @@ void sample_abs(const T* x, int64_t n, int64_t s, uint32_t k0, uint32_t k1, int 
 // finaliser h; among keys in one slot the largest (h' << index_bits) | key survives,
 // h' = h's top priority_bits bits. Writes the surviving key per slot (−1 where empty)
 // and, unless `values` is null, acc at it (0 where empty). The same integer operations
-// as the torch path.
+// as the torch path. With `key_values` (the values at the keys, which must ascend: the
+// selection wrote both) a slot keeps the key's ordinal q in place of the key (the same
+// order, so the same survivor) and the values come from key_values[q], not from acc's
+// scattered lines. Returns 0, or -1 when key_values is given and the keys do not ascend.
 template <typename T>
-void dragonn_slots(const int64_t* keys, int64_t nk, int64_t m, int index_bits,
-                   int priority_bits, uint32_t s0, uint32_t s1, const T* acc, int64_t* slots,
-                   T* values) {
+int dragonn_slots(const int64_t* keys, int64_t nk, int64_t m, int index_bits,
+                  int priority_bits, uint32_t s0, uint32_t s1, const T* acc, int64_t* slots,
+                  T* values, const T* key_values) {
+  if (key_values)
+    for (int64_t q = 1; q < nk; ++q)
+      if (keys[q] <= keys[q - 1]) return -1;
   for (int64_t j = 0; j < m; ++j) slots[j] = -1;
   for (int64_t q = 0; q < nk; ++q) {
     uint64_t h = static_cast<uint32_t>(keys[q]) ^ s0;
@@ -1283,14 +1289,22 @@ void dragonn_slots(const int64_t* keys, int64_t nk, int64_t m, int index_bits,
     h ^= h >> 15; h = (h * 0x5BD1E995ull) & 0xFFFFFFFFull;
     h ^= h >> 16;
     const int64_t slot = static_cast<int64_t>((h * static_cast<uint64_t>(m)) >> 32);
-    const int64_t pri = static_cast<int64_t>((h >> (32 - priority_bits)) << index_bits) | keys[q];
+    const int64_t pri = static_cast<int64_t>((h >> (32 - priority_bits)) << index_bits) |
+                        (key_values ? q : keys[q]);
     if (pri > slots[slot]) slots[slot] = pri;
   }
   const int64_t mask = (int64_t(1) << index_bits) - 1;
   for (int64_t j = 0; j < m; ++j) {
+    if (key_values) {
+      const int64_t q = slots[j] >= 0 ? slots[j] & mask : -1;
+      slots[j] = q >= 0 ? keys[q] : -1;
+      if (values) values[j] = q >= 0 ? key_values[q] : T(0);
+      continue;
+    }
     if (slots[j] >= 0) slots[j] &= mask;
     if (values) values[j] = slots[j] >= 0 ? acc[slots[j]] : T(0);
   }
+  return 0;
 }
 
 // Whether every element is finite (no NaN, no ±Inf): exponent bits not all ones, tested
@@ -1813,10 +1827,11 @@ void* gc_pool_begin_f32(const float* x, int64_t n, int threads, double above, do
                               int threads, T* out) {                                          \
     sample_abs<T>(x, n, s, k0, k1, threads, out);                                             \
   }                                                                                           \
-  void gc_dragonn_slots_##SUFFIX(const int64_t* keys, int64_t nk, int64_t m, int index_bits,  \
-                                 int priority_bits, uint32_t s0, uint32_t s1, const T* acc,   \
-                                 int64_t* slots, T* values) {                                 \
-    dragonn_slots<T>(keys, nk, m, index_bits, priority_bits, s0, s1, acc, slots, values);     \
+  int gc_dragonn_slots_##SUFFIX(const int64_t* keys, int64_t nk, int64_t m, int index_bits,   \
+                                int priority_bits, uint32_t s0, uint32_t s1, const T* acc,    \
+                                int64_t* slots, T* values, const T* key_values) {             \
+    return dragonn_slots<T>(keys, nk, m, index_bits, priority_bits, s0, s1, acc, slots,       \
+                            values, key_values);                                              \
   }                                                                                           \
   int gc_all_finite_##SUFFIX(const T* x, int64_t n, int threads) {                           \
     return all_finite<T>(x, n, threads);                                                      \
