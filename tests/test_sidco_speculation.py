@@ -11,7 +11,7 @@ import torch
 
 import compressors
 from compressors import Session, _native, drive
-from compressors.sidco import SPECULATION_MARGIN
+from compressors.sidco import SPECULATION_MARGIN, _as_dtype
 from repro.testing import with_threads
 
 needs_native = pytest.mark.skipif(not _native.available(),
@@ -238,3 +238,22 @@ def test_a_nan_leaves_the_speculation_state_as_it_was():
     assert bad.states["g"]["compressor"]["speculation"] == before
     assert torch.equal(_indices(bad, x, 3), _indices(clean, x, 3))
     assert bad.states["g"]["compressor"]["speculated"] is True
+
+
+def test_rounding_to_the_tensor_dtype_is_torchs():
+    """The bounds and thresholds are compared as a float32 tensor sees them: the struct
+    shortcut rounds exactly as torch's conversion, at ties, subnormals, the edge of the
+    range (past it: ±∞) and for non-finite values."""
+    g = torch.Generator().manual_seed(3)
+    values = (torch.rand(20_000, generator=g, dtype=torch.float64) * 2 - 1) * torch.pow(
+        10.0, torch.rand(20_000, generator=g, dtype=torch.float64) * 84 - 46)
+    edges = [0.0, -0.0, 1.0 + 2.0**-24, 1.0 + 3 * 2.0**-24, 2.0**-149, 2.0**-150,
+             3 * 2.0**-151, 1e-46, 3.4028234663852886e38, 3.4028235677973366e38, 1e39,
+             -1e39, math.inf, -math.inf, math.nan]
+    for v in values.tolist() + edges:
+        for dtype in (torch.float32, torch.float64, torch.float16):
+            want = float(torch.tensor(v, dtype=dtype))
+            got = _as_dtype(v, dtype)
+            assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or (
+                math.isnan(got) and math.isnan(want)), (v, dtype)
+
