@@ -400,12 +400,12 @@ class _SIDCo(ThresholdSparsifier):
         """Stage 2's threshold from the speculative read, when the first threshold `t`
         lies in its window (window ≤ t < upper as float32); None when it does not, or
         when nothing exceeds t (the caller then fits from acc)."""
-        window, upper, mid, values = spec.window, spec.upper, spec.mid, spec.values
+        window, upper, mid = spec.window, spec.upper, spec.mid
         if not (_at_least(t, window, acc.dtype) and _above(upper, t, acc.dtype)):
             return None
-        # the exceedances: mid (upper ≤ |x| ≤ pool_above) and the stream's above t
+        # the exceedances: mid (|x| ≥ upper) and the window's above t
         gp = self.later_fit != "exponential"
-        st = _native.stats(values, above=t, shift=t, squares=gp)
+        st = _native.stats(spec.window_values, above=t, shift=t, squares=gp)
         n = st.count + mid.count
         if n == 0:
             return None
@@ -478,10 +478,11 @@ class _Speculative(NamedTuple):
     window: float
     upper: float
     pool_above: float
-    mid: _native.Stats  # upper ≤ |acc| ≤ pool_above
+    mid: _native.Stats  # |acc| ≥ upper
     # views of this thread's stream room (_native.stream_room): read before select returns
     positions: _native.StreamPositions  # acc positions of the stream (index_select)
-    values: torch.Tensor  # their acc (signed): window ≤ |acc| < upper, |acc| > pool_above
+    values: torch.Tensor  # their acc (signed): |acc| > pool_above
+    window_values: torch.Tensor  # acc at window ≤ |acc| < upper (no positions: not sent)
 
 
 def _guess(thresholds: list[tuple[float, float]]) -> tuple[float, float]:

@@ -365,17 +365,18 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     assert torch.equal(got[8], expected[8])
     assert torch.equal(got[9], expected[9])
     assert torch.equal(got[10], expected[10])
-    (first, mid, idx, val), (first_n, mid_n, idx_n, val_n) = got[11], expected[11]
+    (first, mid, idx, val, win), (first_n, mid_n, idx_n, val_n, win_n) = got[11], expected[11]
     assert first == first_n  # the lane structure of gc_stats, both builds
     assert mid.count == mid_n.count and mid.count > 0
     assert mid.sum == pytest.approx(mid_n.sum, rel=1e-12)
     assert mid.sumsq == pytest.approx(mid_n.sumsq, rel=1e-12)
     assert torch.equal(idx.tensor(), idx_n.tensor()) and torch.equal(val, val_n)
+    assert torch.equal(win, win_n) and win.numel() > 0
     # Σ ln|x|: each build's own lanes (the same in its stats and its speculative read)
     logs, logs_n = got[12], expected[12]
     assert logs.nonzero == logs_n.nonzero == int((x != 0).sum())
     assert logs.log_sum == pytest.approx(logs_n.log_sum, rel=1e-12)
-    (first, mid, idx, val), (first_n, mid_n, idx_n, val_n) = got[13], expected[13]
+    (first, mid, idx, val, win), (first_n, mid_n, idx_n, val_n, win_n) = got[13], expected[13]
     assert (first.nonzero, first.log_sum) == (logs.nonzero, logs.log_sum)
     assert (first.count, first.sum, first.sumsq) == (first_n.count, first_n.sum, 0.0)
     assert mid.count == mid_n.count and mid.sumsq == pytest.approx(mid_n.sumsq, rel=1e-12)

@@ -35,23 +35,25 @@ def _f32(v: float) -> float:
 @pytest.mark.parametrize("squares, mid_squares, logs",
                          [(False, False, False), (False, True, False), (True, True, False),
                           (False, True, True), (True, False, True)])
-@pytest.mark.parametrize("share", ["narrow", "wide"])
+@pytest.mark.parametrize("share", ["narrow", "wide window", "wide stream"])
 def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, share):
     """The first statistics equal gc_stats' bit for bit (Σy² only when asked; with `logs`,
-    the nonzeros and Σ ln|x| the gamma fit reads too); mid's count is exact and its
-    sums (Σ|x|, or Σz and Σz² with mid_squares) equal float64 sums; the stream is
-    {w ≤ |x| < b} ∪ {|x| > g}, ascending, with x itself (signed: what is finally sent);
-    bounds equal to elements (ties) compare as torch compares in float32. Each
-    thread writes its part of the stream where its elements start, then the parts are
-    moved together: by all threads where a part's new place is clear of its old one (a
-    narrow stream, about 15% of x), by one overlapping move where not (a wide one, 90%)."""
+    the nonzeros and Σ ln|x| the gamma fit reads too); mid (|x| ≥ b)'s count is exact and
+    its sums (Σ|x|, or Σz and Σz² with mid_squares) equal float64 sums; the stream is
+    {|x| > g}, ascending, with its positions and x itself (signed: what is finally sent),
+    the window {w ≤ |x| < b}, ascending, with x; bounds equal to elements (ties) compare as
+    torch compares in float32. Each thread writes its part of the stream and of the window
+    where its elements start, then the parts are moved together: by all threads where a
+    part's new place is clear of its old one (a narrow run, about 8% of x), by one
+    overlapping move where not (a wide one, 88% or 95%)."""
     x = _laplace(n, seed=n)
     x[::17] = 0.0
     mag = x.abs()
-    bounds = (0.70, 0.78, 0.93) if share == "narrow" else (0.02, 0.90, 0.92)
+    bounds = {"narrow": (0.70, 0.78, 0.93), "wide window": (0.02, 0.90, 0.92),
+              "wide stream": (0.01, 0.03, 0.05)}[share]
     w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in bounds)
     b = b + 1e-12  # not a float32: rounded as torch rounds it
-    first, mid, idx, val = with_threads(
+    first, mid, idx, val, win = with_threads(
         threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares, logs=logs,
                                             mid_squares=mid_squares))
     plain = _native.stats(x, squares=squares, logs=logs)
@@ -61,7 +63,7 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
         assert (first.nonzero, first.log_sum) == (plain.nonzero, plain.log_sum)
         assert first.nonzero == int((x != 0).sum()) < n
     wf, bf, gf = _f32(w), _f32(b), _f32(g)
-    in_mid = (mag >= bf) & (mag <= gf)
+    in_mid = mag >= bf
     assert mid.count == int(in_mid.sum())
     a = mag[in_mid].double()
     if mid_squares:
@@ -70,13 +72,14 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
         assert mid.sumsq == pytest.approx(float((z * z).sum()), rel=1e-12, abs=1e-300)
     else:
         assert mid.sum == pytest.approx(float(a.sum()), rel=1e-12, abs=1e-300)
-    keep = ((mag >= wf) & (mag < bf)) | (mag > gf)
-    expected = keep.nonzero().view(-1)
+    expected = (mag > gf).nonzero().view(-1)
     positions = idx.tensor()
     assert positions.dtype == torch.int32 and torch.equal(positions.long(), expected)
     assert idx.count == val.numel()
     assert torch.equal(val, x[expected])
-    assert expected.numel() > 0
+    near = ((mag >= wf) & (mag < bf)).nonzero().view(-1)
+    assert torch.equal(win, x[near])
+    assert expected.numel() > 0 and (near.numel() > 0 or n < 1000)
 
 
 @needs_native
@@ -87,11 +90,14 @@ def test_kernel_writes_the_stream_into_the_room_it_is_given():
     x = _laplace(300_001, seed=4)
     t = float(x.abs().quantile(0.9))
     room = (torch.full((_native.stream_bitmap_bytes(x.numel()) + 5,), 255, dtype=torch.uint8),
-            torch.full((x.numel() + 5,), -7.0))
-    _, _, idx, val = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, room=room))
+            torch.full((x.numel() + 5,), -7.0), torch.full((x.numel() + 5,), -7.0))
+    _, _, idx, val, win = with_threads(
+        2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, room=room))
     assert idx.bitmap.data_ptr() == room[0].data_ptr() and val.data_ptr() == room[1].data_ptr()
+    assert win.data_ptr() == room[2].data_ptr() and win.numel() > 0
     fresh = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t))
     assert torch.equal(idx.tensor(), fresh[2].tensor()) and torch.equal(val, fresh[3])
+    assert torch.equal(win, fresh[4])
     kept = idx.tensor()
     assert int(kept[-1]) < x.numel() and idx.count == kept.numel() > 0
     _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, room=room)  # an empty stream: room reused
@@ -113,8 +119,8 @@ def test_stream_positions_select_what_a_positions_tensor_would(n, threads):
     x[n // 3: n // 3 + 5000] = 0.0  # a stretch with no stream: checkpoints that repeat
     mag = x.abs()
     w, b, gg = 0.5, 1.0, 1.5
-    _, _, pos, val = with_threads(threads, lambda: _native.sidco_spec(x, w, b, gg))
-    keep = ((mag >= w) & (mag < b)) | (mag > gg)
+    _, _, pos, val, _ = with_threads(threads, lambda: _native.sidco_spec(x, w, b, gg))
+    keep = mag > gg
     expected = keep.nonzero().view(-1).int()
     assert pos.count == expected.numel() == val.numel()
     for j in (torch.arange(expected.numel()), torch.arange(0, expected.numel(), 7),
@@ -136,10 +142,13 @@ def test_kernel_refuses_what_it_does_not_take():
         with pytest.raises(TypeError, match="float32"):
             _native.sidco_spec(bad, 0.1, 0.2, 0.3)
     x = torch.ones(100)
-    for room in ((torch.empty(83, dtype=torch.uint8), torch.empty(100)),
-                 (torch.empty(84, dtype=torch.int32), torch.empty(100)),
-                 (torch.empty(84, dtype=torch.uint8), torch.empty(99)),
-                 (torch.empty(84, dtype=torch.uint8), torch.empty(200)[::2])):
+    for room in ((torch.empty(83, dtype=torch.uint8), torch.empty(100), torch.empty(100)),
+                 (torch.empty(84, dtype=torch.int32), torch.empty(100), torch.empty(100)),
+                 (torch.empty(84, dtype=torch.uint8), torch.empty(99), torch.empty(100)),
+                 (torch.empty(84, dtype=torch.uint8), torch.empty(100), torch.empty(99)),
+                 (torch.empty(84, dtype=torch.uint8), torch.empty(200)[::2], torch.empty(100)),
+                 (torch.empty(84, dtype=torch.uint8), torch.empty(100),
+                  torch.empty(100, dtype=torch.float64))):
         with pytest.raises(TypeError, match="room for a bitmap of 84"):
             _native.sidco_spec(x, 0.1, 0.2, 0.3, room=room)
 

@@ -42,7 +42,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 15
+ABI_VERSION = 16
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -180,7 +180,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gc_add_signs.restype = None
     lib.gc_sidco_spec_f32.argtypes = [_P, _C_INT64, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_double, ctypes.c_double, ctypes.c_double, _P,
-                                      _P, _P, ctypes.POINTER(_C_INT64)]
+                                      _P, _P, _P, ctypes.POINTER(_C_INT64),
+                                      ctypes.POINTER(_C_INT64)]
     lib.gc_sidco_spec_f32.restype = ctypes.c_int
     lib.gc_stream_select.argtypes = [_P, _C_INT64, _C_INT64, _P, _C_INT64, _P, ctypes.c_int]
     lib.gc_stream_select.restype = ctypes.c_int
@@ -461,49 +462,55 @@ class StreamPositions:
 
 def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                squares: bool = False, logs: bool = False,
-               room: tuple[torch.Tensor, torch.Tensor] | None = None,
+               room: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
                mid_squares: bool | None = None,
-               ) -> tuple[Stats, Stats, StreamPositions, torch.Tensor]:
+               ) -> tuple[Stats, Stats, StreamPositions, torch.Tensor, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
     elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...,
     logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count and
-    Σ|x| over upper ≤ |x| ≤ pool_above, or with `mid_squares` (default: `squares`) the
-    count, Σz and Σz² of z = |x| − upper there, where `upper` is rounded to float32 first;
-    the stream's positions in x (StreamPositions) and its x (signed: stats, pool and
-    select compare |x|, and the values finally selected are the ones sent), ascending:
-    window ≤ |x| < upper, and |x| > pool_above). The bounds compare in float32 as torch
-    does; window ≤ upper ≤ pool_above. One read pass.
+    Σ|x| over |x| ≥ upper, or with `mid_squares` (default: `squares`) the count, Σz and
+    Σz² of z = |x| − upper there, where `upper` is rounded to float32 first; the stream's
+    positions in x (StreamPositions) and its x (signed: stats, pool and select compare
+    |x|, and the values finally selected are the ones sent), ascending, over |x| >
+    pool_above; the window's x, ascending, over window ≤ |x| < upper, without positions).
+    The bounds compare in float32 as torch does; window ≤ upper ≤ pool_above. One read
+    pass.
 
-    The stream is written straight where it is returned: into `room` (stream_room), a
-    contiguous uint8 CPU tensor of at least stream_bitmap_bytes(x.numel()) bytes for the
-    positions' bitmap and a contiguous float32 one of at least x.numel() elements for the
-    values, kept by the caller between calls (the stream is then views of them, valid
-    until their next use), or, without `room`, into two fresh tensors."""
+    The stream and the window are written straight where they are returned: into `room`
+    (stream_room), a contiguous uint8 CPU tensor of at least stream_bitmap_bytes(x.numel())
+    bytes for the positions' bitmap and two contiguous float32 ones of at least x.numel()
+    elements for the values, kept by the caller between calls (the stream and window are
+    then views of them, valid until their next use), or, without `room`, into fresh
+    tensors."""
     if not (supports_cpu(x) and x.dtype == torch.float32 and x.numel() < NARROW_LIMIT):
         raise TypeError(f"sidco_spec() takes contiguous CPU float32 tensors of fewer than "
                         f"2^31 elements, got {x.dtype} on {x.device} ({x.numel()} elements)")
     n = x.numel()
     if room is None:
         room = (torch.empty(stream_bitmap_bytes(n), dtype=torch.uint8),
-                torch.empty(n, dtype=torch.float32))
-    bits, val = room
-    if not (bits.dtype == torch.uint8 and val.dtype == torch.float32 and bits.is_contiguous()
-            and val.is_contiguous() and bits.device.type == val.device.type == "cpu"
-            and bits.numel() >= stream_bitmap_bytes(n) and val.numel() >= n):
+                torch.empty(n, dtype=torch.float32), torch.empty(n, dtype=torch.float32))
+    bits, val, win = room
+    if not (bits.dtype == torch.uint8 and bits.is_contiguous() and bits.device.type == "cpu"
+            and bits.numel() >= stream_bitmap_bytes(n)
+            and all(v.dtype == torch.float32 and v.is_contiguous() and v.device.type == "cpu"
+                    and v.numel() >= n for v in (val, win))):
         raise TypeError(f"sidco_spec() needs room for a bitmap of {stream_bitmap_bytes(n)} "
-                        f"uint8 and {n} float32 values (contiguous CPU tensors), got "
-                        f"{bits.dtype} × {bits.numel()} and {val.dtype} × {val.numel()}")
+                        f"uint8 and twice {n} float32 values (contiguous CPU tensors), got "
+                        f"{bits.dtype} × {bits.numel()}, {val.dtype} × {val.numel()} and "
+                        f"{win.dtype} × {win.numel()}")
     out = (ctypes.c_double * 10)()
-    total = _C_INT64(0)
+    total, wtotal = _C_INT64(0), _C_INT64(0)
     mid_squares = squares if mid_squares is None else mid_squares
     flags = (1 if squares else 0) | (2 if mid_squares else 0)
     if load().gc_sidco_spec_f32(x.data_ptr(), n, _threads(n), flags, int(logs),
                                 float(window), float(upper), float(pool_above),
-                                bits.data_ptr(), val.data_ptr(), out, ctypes.byref(total)):
+                                bits.data_ptr(), val.data_ptr(), win.data_ptr(), out,
+                                ctypes.byref(total), ctypes.byref(wtotal)):
         raise MemoryError("native sidco_spec could not allocate its partial sums")
     first = Stats.of(out)
     mid = Stats(int(out[7]), out[8], out[9], -1.0, math.inf, 0, 0.0)
-    return first, mid, StreamPositions(bits, n, total.value), val[:total.value]
+    return (first, mid, StreamPositions(bits, n, total.value), val[:total.value],
+            win[:wtotal.value])
 
 
 def stream_bitmap_bytes(n: int) -> int:
@@ -708,15 +715,17 @@ def _kept(key, n: int, dtype: torch.dtype) -> torch.Tensor:
     return buf
 
 
-def stream_room(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+def stream_room(n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """This thread's room for sidco_spec's stream of a tensor of n elements: the positions'
-    bitmap (uint8, stream_bitmap_bytes(n)) and a float32 tensor of at least n values, kept
-    between calls (grown when a larger tensor comes) and shared by every caller on the
-    thread, so each must be done with a stream before the next call. The bitmap (an
-    eighth of a byte per element, and its checkpoints) is written whole; of the values
-    only the pages a stream touches are ever mapped (4 bytes per element of the stream)."""
+    bitmap (uint8, stream_bitmap_bytes(n)) and two float32 tensors of at least n values
+    (the stream's and the window's), kept between calls (grown when a larger tensor comes)
+    and shared by every caller on the thread, so each must be done with a stream before the
+    next call. The bitmap (an eighth of a byte per element, and its checkpoints) is written
+    whole; of the values only the pages a stream or window touches are ever mapped (4
+    bytes per element of either)."""
     return (_kept("stream bitmap", stream_bitmap_bytes(n), torch.uint8),
-            _kept("stream values", n, torch.float32))
+            _kept("stream values", n, torch.float32),
+            _kept("stream window", n, torch.float32))
 
 
 def abs_into_room(x: torch.Tensor) -> torch.Tensor:

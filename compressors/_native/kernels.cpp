@@ -947,27 +947,29 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 //   all:  count, Σ|x| (and Σx² with SQA) of every element: the same lanes, order and block
 //         partials as gc_stats (block_all_f32), so η₁ equals the plain path's bit for bit;
 //   mid:  count and Σ|x| (without SQ), or count, Σz and Σz² of z = |x| − b (with SQ), over
-//         b ≤ |x| ≤ g: the exceedances of η₁ that are neither in the window nor the pool
+//         |x| ≥ b: the exceedances of η₁ that are not in the window
 //         (the AVX-512 loop adds z² with a fused multiply-add, so its Σz² may differ from
 //         the AVX2 loop's in the last bits; nothing else compares them bit for bit);
+//   window: the x of w ≤ |x| < b, ascending, without positions (never selected: only the
+//         second stage's statistics read them);
 //   stream: the x (signed: the later stages compare |x|, and the values finally selected
-//         are the ones sent) of the window w ≤ |x| < b and of the pool |x| > g, ascending
-//         (compressed in registers, or through the permutation table), and a bitmap of
-//         their positions (bit i of byte i/8: x[i] is in the stream), one byte per 8
-//         elements, from which stream_select finds the positions the caller asks for
-//         (most of the stream is never selected, so its positions are never written out).
+//         are the ones sent) of the pool |x| > g, ascending (compressed in registers, or
+//         through the permutation table), and a bitmap of their positions (bit i of byte
+//         i/8: x[i] is in the stream), one byte per 8 elements, from which stream_select
+//         finds the positions the caller asks for (most of the stream is never selected,
+//         so its positions are never written out).
 // With w ≤ η₁ < b ≤ g ≤ η₂ (as float32) the second stage's statistics follow exactly from
-// mid and the stream's elements above η₁, and every later stage only looks at the pool.
-// One block's stream is written to val from k on, its bitmap bytes in place, and the new k
-// returned. The stores are 8 or 16 lanes wide whatever the hits: they stay inside the
-// room of the elements read so far plus those being read, when the thread's stream
-// starts at its first element.
+// mid and the window's elements above η₁, and every later stage only looks at the pool.
+// One block's stream is written to val from k on, its window to win from kw on, its
+// bitmap bytes in place; k returned, kw updated. The stores are 8 or 16 lanes wide
+// whatever the hits: they stay inside the room of the elements read so far plus those
+// being read, when the thread's stream and window start at its first element.
 constexpr int64_t CHECKPOINT = 512;  // elements between stream checkpoints (64 bitmap bytes)
 
 template <bool SQA, bool SQ, bool LOG>
 int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, float g,
                    Partial& all, Partial& mid, uint8_t* bits, int32_t* checkpoint,
-                   float* val, int64_t k) {
+                   float* val, int64_t k, float* win, int64_t& kw) {
   const double shift = SQ ? static_cast<double>(b) : 0.0;
   v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;     // all
   v4d m0 = s0, m1 = s0, r0 = s0, r1 = s0;               // mid
@@ -1000,7 +1002,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       if (SQA) Q = _mm512_add_pd(_mm512_add_pd(Q, _mm512_mul_pd(y0, y0)), _mm512_mul_pd(y1, y1));
       const __mmask16 geb = _mm512_cmp_ps_mask(a, bv, _CMP_GE_OQ);
       const __mmask16 gtg = _mm512_cmp_ps_mask(a, gv, _CMP_GT_OQ);
-      const unsigned inmid = static_cast<unsigned>(geb) & ~static_cast<unsigned>(gtg);
+      const unsigned inmid = static_cast<unsigned>(geb);
       cnt += __builtin_popcount(inmid);
       const __mmask8 k0 = static_cast<__mmask8>(inmid), k1 = static_cast<__mmask8>(inmid >> 8);
       if (SQ) {  // z = |x| − b where in mid
@@ -1014,12 +1016,14 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
         M = _mm512_mask_add_pd(M, k1, M, y1);
       }
       const __mmask16 gew = _mm512_cmp_ps_mask(a, wv, _CMP_GE_OQ);
-      const __mmask16 m = static_cast<__mmask16>(
-          (static_cast<unsigned>(gew) & ~static_cast<unsigned>(geb)) | gtg);
-      _mm512_storeu_ps(val + k, _mm512_maskz_compress_ps(m, xv));
-      const uint16_t m16 = static_cast<uint16_t>(m);
+      const __mmask16 inw = static_cast<__mmask16>(static_cast<unsigned>(gew) &
+                                                   ~static_cast<unsigned>(geb));
+      _mm512_storeu_ps(win + kw, _mm512_maskz_compress_ps(inw, xv));
+      kw += __builtin_popcount(static_cast<unsigned>(inw));
+      _mm512_storeu_ps(val + k, _mm512_maskz_compress_ps(gtg, xv));
+      const uint16_t m16 = static_cast<uint16_t>(gtg);
       std::memcpy(bits + (i >> 3), &m16, sizeof m16);
-      k += __builtin_popcount(static_cast<unsigned>(m));
+      k += __builtin_popcount(static_cast<unsigned>(gtg));
     }
     s0 = (v4d)_mm512_castpd512_pd256(S); s1 = (v4d)_mm512_extractf64x4_pd(S, 1);
     q0 = (v4d)_mm512_castpd512_pd256(Q); q1 = (v4d)_mm512_extractf64x4_pd(Q, 1);
@@ -1059,7 +1063,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       }
       const __m256 geb = _mm256_cmp_ps(a, bv, _CMP_GE_OQ);
       const __m256 gtg = _mm256_cmp_ps(a, gv, _CMP_GT_OQ);
-      const __m256 inmid = _mm256_andnot_ps(gtg, geb);
+      const __m256 inmid = geb;
       c = _mm256_sub_epi32(c, _mm256_castps_si256(inmid));
       if (SQ) {  // z = |x| − b where in mid, else 0
         const __m256i im = _mm256_castps_si256(inmid);
@@ -1077,7 +1081,11 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
         m1 += z1;
       }
       const __m256 inwin = _mm256_andnot_ps(geb, _mm256_cmp_ps(a, wv, _CMP_GE_OQ));
-      const int m = _mm256_movemask_ps(_mm256_or_ps(inwin, gtg));
+      const int mw = _mm256_movemask_ps(inwin);
+      const __m256i pw = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[mw]));
+      _mm256_storeu_ps(win + kw, _mm256_permutevar8x32_ps(xv, pw));
+      kw += __builtin_popcount(static_cast<unsigned>(mw));
+      const int m = _mm256_movemask_ps(gtg);
       const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
       _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(xv, p));
       bits[i >> 3] = static_cast<uint8_t>(m);
@@ -1100,12 +1108,14 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const double a = static_cast<double>(af);
     s += a;
     q += a * a;
-    if (af >= b && !(af > g)) {
+    if (af >= b) {
       const double z = a - shift;
       cnt += 1; ms += z; mq += z * z;
     }
+    win[kw] = x[i];
+    kw += af >= w && af < b;
     val[k] = x[i];
-    const bool in = (af >= w && af < b) || af > g;
+    const bool in = af > g;
     k += in;
     byte |= static_cast<uint8_t>(in) << (i & 7);
     if ((i & 7) == 7 || i + 1 == hi) {
@@ -1131,26 +1141,28 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 // nonzeros and Σ ln|x| with `logs`);
 // out[7..9]: mid's count, Σ (Σ|x|, or Σz with bit 1) and Σz² (with bit 1).
 // The stream's values are written straight into val (room for n) and read there by the
-// caller, as val[0, *total): no per-thread buffers to copy them out of. Thread t writes its
-// values forwards from R_t, the first of its elements (room for all of them is there);
-// then each thread's run is moved down to follow the one before: by all threads at once
-// where the run's new place does not overlap its old one (a stream of less than about half
-// the elements), else by one memmove. The bitmap (room for ⌈n/64⌉ 64-bit words) is
+// caller, as val[0, *total), and the window's into win (room for n), as win[0, *wtotal):
+// no per-thread buffers to copy them out of. Thread t writes its values forwards from R_t,
+// the first of its elements (room for all of them is there); then each thread's run is
+// moved down to follow the one before: by all threads at once where the run's new place
+// does not overlap its old one (a run of less than about half the elements), else by one
+// memmove. The bitmap (room for ⌈n/64⌉ 64-bit words) is
 // written in place, the bits past n cleared; after it, one int32 per CHECKPOINT elements:
 // the stream's size before them (where stream_select starts its walk). Returns 0, or -1
 // when no memory could be had.
 int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, double w,
-               double b, double g, uint8_t* bits, float* val, double* out, int64_t* total) {
+               double b, double g, uint8_t* bits, float* val, float* win, double* out,
+               int64_t* total, int64_t* wtotal) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   const int nth = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, blocks)));
   const float wf = static_cast<float>(w), bf = static_cast<float>(b), gf = static_cast<float>(g);
   std::vector<Partial> all, mid;
-  std::vector<int64_t> first(nth), count(nth), last_block(nth);  // each thread's run
+  std::vector<int64_t> first(nth), count(nth), wcount(nth), last_block(nth);  // thread runs
   const int64_t words = (n + 63) / 64;
   int32_t* checkpoint = reinterpret_cast<int32_t*>(bits + 8 * words);
   // squares' bit 0: every element's Σy², bit 1: mid's
   typedef int64_t (*Spec)(const float*, int64_t, int64_t, float, float, float, Partial&,
-                          Partial&, uint8_t*, int32_t*, float*, int64_t);
+                          Partial&, uint8_t*, int32_t*, float*, int64_t, float*, int64_t&);
   static const Spec kinds[8] = {
       block_spec<false, false, false>, block_spec<true, false, false>,
       block_spec<false, true, false>,  block_spec<true, true, false>,
@@ -1162,19 +1174,31 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
     mid.resize(blocks);
     parallel_blocks(n, nth, [&](int64_t b0, int64_t b1, int t) {
       const int64_t r0 = b0 * BLOCK;
-      int64_t k = r0;
+      int64_t k = r0, kw = r0;
       for (int64_t blk = b0; blk < b1; ++blk) {
         const int64_t lo = blk * BLOCK, hi = std::min(n, lo + BLOCK);
-        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], bits, checkpoint, val, k);
+        k = spec(x, lo, hi, wf, bf, gf, all[blk], mid[blk], bits, checkpoint, val, k, win, kw);
       }
       first[t] = r0;
       count[t] = k - r0;
+      wcount[t] = kw - r0;
       last_block[t] = b1;
     });
   } catch (...) {
     return -1;
   }
-  int64_t end = count[0];
+  // thread t's run of `len` values at p + from, moved down to p + end
+  const auto move_run = [&](float* p, int64_t from, int64_t end, int64_t len) {
+    if (!len || from == end) return;
+    if (end + len <= from) {
+      parallel_range(len, nth, [&](int64_t a, int64_t e) {
+        std::memcpy(p + end + a, p + from + a, (e - a) * sizeof(float));
+      });
+    } else {
+      std::memmove(p + end, p + from, len * sizeof(float));
+    }
+  };
+  int64_t end = count[0], wend = wcount[0];
   const int64_t checkpoints = (n + CHECKPOINT - 1) / CHECKPOINT;
   for (int t = 1; t < nth; ++t) {
     const int64_t from = first[t], len = count[t];
@@ -1182,18 +1206,13 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
     const int64_t c0 = from / CHECKPOINT,
                   c1 = std::min(checkpoints, last_block[t] * (BLOCK / CHECKPOINT));
     for (int64_t c = c0; c < c1; ++c) checkpoint[c] -= static_cast<int32_t>(from - end);
-    if (len && from != end) {
-      if (end + len <= from) {
-        parallel_range(len, nth, [&](int64_t a, int64_t e) {
-          std::memcpy(val + end + a, val + from + a, (e - a) * sizeof(float));
-        });
-      } else {
-        std::memmove(val + end, val + from, len * sizeof(float));
-      }
-    }
+    move_run(val, from, end, len);
+    move_run(win, from, wend, wcount[t]);
     end += len;
+    wend += wcount[t];
   }
   *total = end;
+  *wtotal = wend;
   const int64_t used = (n + 7) / 8;
   std::memset(bits + used, 0, static_cast<size_t>(words * 8 - used));
   write_total(all, out);
@@ -1752,7 +1771,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 15; }
+int gc_abi_version() { return 16; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1792,9 +1811,9 @@ void gc_release_scratch() {
 }
 
 int gc_sidco_spec_f32(const float* x, int64_t n, int threads, int squares, int logs, double w,
-                      double b, double g, uint8_t* bits, float* val, double* out,
-                      int64_t* total) {
-  return sidco_spec(x, n, threads, squares, logs, w, b, g, bits, val, out, total);
+                      double b, double g, uint8_t* bits, float* val, float* win, double* out,
+                      int64_t* total, int64_t* wtotal) {
+  return sidco_spec(x, n, threads, squares, logs, w, b, g, bits, val, win, out, total, wtotal);
 }
 
 int gc_stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* q,
