@@ -282,9 +282,10 @@ class _SIDCo(ThresholdSparsifier):
                        k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
         statistics, one for the second stage's, one that compacts the survivors of the
-        second stage (positions and values), later stages on those survivors only, and the
-        final selection from the last pool (its threshold is above the pool's, so nothing
-        outside it can pass). When the previous step's thresholds are known, the first
+        second stage (positions and values); later stages read their pool in place, or
+        compact it first where at most COMPACT_BELOW of it passes; the final selection
+        comes from the last pool (its threshold is above the pool's, so nothing outside it
+        can pass). When the previous step's thresholds are known, the first
         read also takes what the second stage needs near them and the pool above them
         (_native.sidco_spec): where the new thresholds land inside those bounds, the second
         and third reads are not needed; where not, they run as above. The selection is
@@ -354,7 +355,7 @@ class _SIDCo(ThresholdSparsifier):
                 self._remember(ctx, first_threshold, new, ratios)
                 threshold = new
                 continue
-            if share <= COMPACT_BELOW:
+            if base is None or share <= COMPACT_BELOW:  # acc itself is always compacted
                 local, pool = _compact(pool, threshold, share)
                 maps.append(local)
                 base, above, share = threshold, None, 1.0

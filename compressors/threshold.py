@@ -58,18 +58,12 @@ def use_native(acc: torch.Tensor) -> bool:
     return _native.supports(acc)
 
 
-def native_select(acc: torch.Tensor, threshold: float, check_finite: bool = False,
-                  expected: int = 0) -> torch.Tensor:
-    """Ascending int64 positions of |acc| ≥ threshold, in one fused pass (native path);
-    `check_finite`: the same read raises _native.NonFinite on a NaN or an Inf.
-    `expected`: about how many pass (k), which picks the faster writing layout."""
-    return _native.select(acc, threshold, check_finite=check_finite, reserve=expected)[0]
-
-
 def native_pick(acc: torch.Tensor, threshold: float, check_finite: bool = False,
                 expected: int = 0) -> Selected:
-    """native_select with acc's values at the positions, written by the same pass (what
-    the protocol sends; not gathered from acc again)."""
+    """Ascending int64 positions of |acc| ≥ threshold in one fused pass (native path), with
+    acc's values at them written by the same pass (what the protocol sends; not gathered
+    from acc again). `check_finite`: the same read raises _native.NonFinite on a NaN or an
+    Inf. `expected`: about how many pass (k), which picks the faster writing layout."""
     indices, values = _native.select(acc, threshold, values=True, signed=True,
                                      check_finite=check_finite, reserve=expected)
     return Selected(indices, values)
@@ -190,7 +184,7 @@ class ThresholdSparsifier(Sparsifier):
 
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         # Every subclass here starts its native path with a statistics or selection pass
-        # over all of acc that checks (check_sum_finite, native_select(check_finite=...)).
+        # over all of acc that checks (check_sum_finite, native_pick(check_finite=...)).
         return use_native(acc)
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
@@ -213,7 +207,7 @@ class HardThreshold(ThresholdSparsifier):
             lam, "lam", 0.0, math.inf, low_open=True, high_open=True,
             hint="λ is the fixed magnitude above which coordinates are sent")
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
         if use_native(acc):
             # λ, not k, decides how many pass: the last step's count picks the writing
             # layout (kept only once this step's read has passed the NaN/Inf check)
@@ -244,7 +238,7 @@ class GaussianKSGD(ThresholdSparsifier):
         super().__init__(ratio)
         self.corrections = check_positive_int(corrections, "corrections", minimum=0)
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
         if use_native(acc):
             n, mean_f, var_f = native_mean_and_variance(acc, ctx=ctx)
             if SAFE_MEAN[0] <= mean_f <= SAFE_MEAN[1]:
@@ -264,7 +258,8 @@ class GaussianKSGD(ThresholdSparsifier):
         return self._search(k, ctx, mean_f, var_f, scale, lambda t: count_at_least(mag, t),
                             lambda t, mask: nonzero_indices(mask))
 
-    def _search(self, k, ctx, mean_f, var_f, scale, count_fn, select_fn) -> torch.Tensor:
+    def _search(self, k, ctx, mean_f, var_f, scale, count_fn, select_fn
+                ) -> torch.Tensor | Selected:
         """The threshold rule and its corrections, on either path's counting pass."""
         z = -NormalDist().inv_cdf(self.ratio / 2) if self.ratio < 1 else 0.0
         t = mean_f + z * math.sqrt(var_f)
@@ -297,7 +292,7 @@ class RedSync(ThresholdSparsifier):
             min_interval, "min_interval", 0.0, 1.0, low_open=True, high_open=True,
             hint="the bisection on r ∈ [0, 1] stops below this width")
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
         if use_native(acc):
             st = _native.stats(acc, extremes=True)
             check_sum_finite(acc, st.sum, ctx)
@@ -319,7 +314,8 @@ class RedSync(ThresholdSparsifier):
         return self._search(k, ctx, mean_f, max_f, scale, lambda t: count_at_least(mag, t),
                             lambda t, mask: nonzero_indices(mask))
 
-    def _search(self, k, ctx, mean_f, max_f, scale, count_fn, select_fn) -> torch.Tensor:
+    def _search(self, k, ctx, mean_f, max_f, scale, count_fn, select_fn
+                ) -> torch.Tensor | Selected:
         """The bisection on r, on either path's counting pass."""
         lo, hi = 0.0, 1.0
         probes = 0
@@ -365,7 +361,7 @@ class MSTopK(ThresholdSparsifier):
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         return use_native(acc) and acc.dtype == torch.float32  # the native path's condition
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
         if use_native(acc) and acc.dtype == torch.float32:
             # The same search on fused passes: counts by gc_count, the probe set compacted
             # by gc_pool to {|x| ≥ the new lower bound} (as the torch path: a later probe
@@ -396,7 +392,7 @@ class MSTopK(ThresholdSparsifier):
                             select_fn=lambda t: nonzero_indices(mag >= t))
 
     def _search(self, k, ctx, values, mean_f, max_f, scale, count_fn, shrink_fn,
-                select_fn) -> torch.Tensor:
+                select_fn) -> torch.Tensor | Selected:
         """The bisection on either path: count_fn(pool, t) → (#{|pool| ≥ t}, mask or
         None); shrink_fn(pool, t, mask, kept fraction) → the probe set above t;
         select_fn(t) → positions of |acc| ≥ t."""

@@ -151,6 +151,11 @@ def test_kernel_refuses_what_it_does_not_take():
                   torch.empty(100, dtype=torch.float64))):
         with pytest.raises(TypeError, match="room for a bitmap of 84"):
             _native.sidco_spec(x, 0.1, 0.2, 0.3, room=room)
+    shared = torch.empty(150)
+    for val, win in ((shared[:100], shared[50:]), (shared[:100], shared[:100])):
+        with pytest.raises(ValueError, match="two separate rooms"):
+            _native.sidco_spec(x, 0.1, 0.2, 0.3, room=(torch.empty(84, dtype=torch.uint8),
+                                                       val, win))
 
 
 def _session(name: str) -> Session:

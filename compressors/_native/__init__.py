@@ -498,6 +498,10 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                         f"uint8 and twice {n} float32 values (contiguous CPU tensors), got "
                         f"{bits.dtype} × {bits.numel()}, {val.dtype} × {val.numel()} and "
                         f"{win.dtype} × {win.numel()}")
+    v0, w0 = val.data_ptr(), win.data_ptr()
+    if v0 < w0 + 4 * n and w0 < v0 + 4 * n:  # both are written 16 lanes at a time
+        raise ValueError("sidco_spec() needs two separate rooms for the stream's and the "
+                         "window's values: the tensors given overlap")
     out = (ctypes.c_double * 10)()
     total, wtotal = _C_INT64(0), _C_INT64(0)
     mid_squares = squares if mid_squares is None else mid_squares

@@ -21,7 +21,7 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__AVX__)
+#if defined(__AVX__) || defined(__BMI2__)
 #include <immintrin.h>
 #endif
 

@@ -5,13 +5,15 @@
 //   gc_stats_*    count, Σy, Σy², max, min of y = |x| − shift over {|x| > above} (or all
 //                 elements), plus the nonzero count and Σ ln|x| when asked: one read pass.
 //   gc_count_*    #{|x| ≥ t} (or > t): one read pass, nothing written.
-//   gc_select_*   positions (and optionally |x|, or x itself) of {|x| ≥ t} (or > t), ascending: one
+//   gc_select_*   positions (and optionally |x|, or x itself) of {|x| ≥ t} (or > t),
+//                 ascending: one
 //                 read pass; each thread appends its hits to its own growing buffer, the
 //                 caller then allocates the exact-size output and gc_take copies into it.
 //                 Selections expected to keep more than about 1% of a float32 input are
 //                 written branch-free instead (select_dense_f32).
-//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥) with |x| (or x)
-//                 in the same read (SIDCo's pools); dense pools are written branch-free.
+//   gc_pool_begin_f32  gc_stats over {|x| > above} and the selection {|x| > t} (or ≥)
+//                 with |x| (or x) in the same read (SIDCo's pools); dense pools are
+//                 written branch-free.
 //   gc_sample_abs_*  |x| at hashed random positions (DGC/DRAGONN's sample), prefetched.
 // float32 inputs are compared (and |x|, max, min taken) in float32 lanes; only sums are
 // widened to double.
@@ -982,8 +984,9 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     LogSum16 logs;  // with LOG: block_log_sum's steps on the |x| loaded here
     // 16 elements a step: comparisons into mask registers, the sums as masked adds of the
     // widened |x| (adding nothing where the AVX2 loop below adds a zeroed lane: the same
-    // bits, as S's halves are s0 and s1 in that loop's order), the stream compressed in
-    // registers (a compress to memory is slow on some CPUs) and stored 16 lanes wide.
+    // bits, as S's halves are s0 and s1 in that loop's order; mid's Σz² alone is a fused
+    // multiply-add), the stream and the window compressed in registers (a compress to
+    // memory is slow on some CPUs) and stored 16 lanes wide.
     const __m512 wv = _mm512_set1_ps(w), bv = _mm512_set1_ps(b), gv = _mm512_set1_ps(g);
     const __m512d sh = _mm512_set1_pd(shift);
     __m512d S = _mm512_setzero_pd(), Q = S, M = S, R = S;
@@ -1228,8 +1231,8 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
 // ones forwards; within a checkpoint's 8 words the entry's word is the number of their
 // running bit counts at or below it (no branch to mispredict; the words past the bitmap's
 // end are read from the room's padding and never counted), and its bit is deposited by
-// pdep where BMI2 is fast, else found by clearing the lower ones. Returns 0, -1 when q is not ascending or holds a negative, -2
-// when an entry is past the stream's end.
+// pdep where BMI2 is fast, else found by clearing the lower ones. Returns 0, -1 when q is
+// not ascending or holds a negative, -2 when an entry is past the stream's end.
 int stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* q, int64_t m,
                   int32_t* out, int threads) {
   const int64_t words = (n + 63) / 64, checkpoints = (n + CHECKPOINT - 1) / CHECKPOINT;
