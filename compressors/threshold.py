@@ -211,13 +211,13 @@ class HardThreshold(ThresholdSparsifier):
         if use_native(acc):
             # λ, not k, decides how many pass: the last step's count picks the writing
             # layout (kept only once this step's read has passed the NaN/Inf check)
-            indices = native_pick(acc, self.lam, check_finite=ctx.check_finite,
-                                  expected=ctx.state.get("count", 0))
-            ctx.state["count"] = indices.indices.numel()
+            chosen = native_pick(acc, self.lam, check_finite=ctx.check_finite,
+                                 expected=ctx.state.get("count", 0))
+            ctx.state["count"] = chosen.indices.numel()
         else:
-            indices = nonzero_indices(magnitudes(acc) >= self.lam)
+            chosen = nonzero_indices(magnitudes(acc) >= self.lam)
         self.report(ctx, threshold=self.lam)
-        return indices
+        return chosen
 
 
 @register("gaussianksgd")

@@ -346,8 +346,8 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
     """Ascending positions (int64) of {|x| ≥ t} ({|x| > t} when strict) and, with
     `values`, their |x| (x's dtype), or with `signed` their x itself (what a sparsifier
     sends, taken in the same read instead of gathered from x again). With `index_map`
-    (int64, one per element of x) the
-    positions are mapped through it. One read pass; outputs allocated at their exact size.
+    (int64, one per element of x) the positions are mapped through it. One read pass;
+    outputs allocated at their exact size.
     `check_finite`: raise NonFinite when x holds a NaN or an Inf, found in the same read.
     `reserve`: the number of hits expected (presizes the buffers); when it is more than
     DENSE_FRACTION of a float32 x (with no index_map) the hits are written branch-free,
@@ -390,12 +390,11 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
          ) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
     """float32 only. Ascending positions (`index_dtype`: int64, or int32 for fewer than
     2^31 elements) and |x| (x itself with `signed`) of {|x| > t} ({|x| ≥ t} when not
-    `strict`) (the next "pool"),
-    and, when `above` is given, in the same read the statistics `stats(x, above, shift,
-    squares, extremes)` would return (bit for bit: the same per-block partials; nonzeros
-    count only with `extremes`, no logs). `dense`: more than a few percent are expected to
-    pass (the hits are written branch-free; with int32 positions, a store less per group
-    of 8). One read pass of x."""
+    `strict`) (the next "pool"), and, when `above` is given, in the same read the
+    statistics `stats(x, above, shift, squares, extremes)` would return (bit for bit: the
+    same per-block partials; nonzeros count only with `extremes`, no logs). `dense`: more
+    than a few percent are expected to pass (the hits are written branch-free; with int32
+    positions, a store less per group of 8). One read pass of x."""
     if x.dtype != torch.float32 or not supports(x):
         raise TypeError(f"pool() takes contiguous CPU float32 tensors (or CUDA ones with "
                         f"Triton), got {x.dtype} on {x.device} (contiguous: {x.is_contiguous()})")
