@@ -280,6 +280,66 @@ class _SIDCo(ThresholdSparsifier):
 
     def _select_native(self, acc: torch.Tensor, ratios: list[float], ctx: Context,
                        k: int):
+        """The native path: on CUDA the stages with their thresholds kept on the device
+        (_select_device) where that path passed its check on this device, else driven from
+        the host (_select_host)."""
+        if acc.device.type == "cuda" and _device_stages_usable(acc.device, self):
+            return self._select_device(acc, ratios, ctx, k)
+        return self._select_host(acc, ratios, ctx, k)
+
+    def _select_device(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
+        """_select_host's stages with no host synchronisation between them
+        (compressors/_native/gpu_sidco.py): the same fits, compactions (COMPACT_BELOW)
+        and final selection, the thresholds fitted on the device, one copy to the host at
+        the end. SIDCo-P's gamma stage is fitted on the host (scipy), its later ones on the
+        device. What the device path flags (a GP fit under cancellation or at a point mass,
+        a pool past its buffer, a final threshold not above its pool's) is redone by
+        _select_host: the same selection either way. Returns what _select_host does."""
+        from compressors._native import gpu_sidco as dev  # noqa: PLC0415 (imports triton)
+
+        stages = dev.Stages(acc, len(ratios))
+        if self.first_fit == "gamma":
+            st = _native.stats(acc, logs=True)
+            check_sum_finite(acc, st.sum, ctx)
+            mean = st.sum / st.count
+            if mean == 0.0:
+                return None, 0.0, None
+            if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
+                return None
+            stages.set(0, self._gamma_threshold(
+                st.count, st.nonzero, mean, st.log_sum / st.nonzero, ratios[0],
+                lambda: _native.stats(acc, above=0.0, extremes=True).min))
+        else:
+            stages.first(gp=self.first_fit == "gpareto", ratio=ratios[0])
+        gp = self.later_fit != "exponential"
+        src, base, base_slot = stages.source(), None, 0
+        share = ratios[0] * ratios[1] if len(ratios) > 1 else 1.0
+        for slot, ratio in enumerate(ratios[1:], start=1):
+            above = True
+            if slot >= 2 and (base is None or share <= COMPACT_BELOW):
+                src, _ = stages.compact(src, slot - 1, share)
+                base, base_slot, above, share = src, slot - 1, False, 1.0
+            stages.later(src, slot - 1, slot, above=above, gp=gp, ratio=ratio)
+            if slot >= 2:
+                share *= ratio
+        last = len(ratios) - 1
+        if base is None:  # one or two stages: from acc, about k of it
+            out = stages.final(src, last, None, 0, cap=4 * k + 4096)
+        else:
+            out = stages.final(src, last, base, base_slot)
+        flags, total, thresholds = stages.read()
+        if flags & dev.FLAG_NONFINITE and ctx.check_finite:
+            raise _native.NonFinite("the tensor holds NaN or Inf")
+        if flags & dev.FLAG_ZERO:
+            return None, 0.0, None
+        if flags & dev.FLAG_UNSAFE:
+            return None
+        if flags & dev.FLAG_REDO:
+            return self._select_host(acc, ratios, ctx, k)
+        indices = out.positions[:total].clone()
+        return Selected(indices, out.values[:total].clone()), thresholds[last], None
+
+    def _select_host(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
         statistics, one for the second stage's, one that compacts the survivors of the
         second stage (positions and values); later stages read their pool in place, or
@@ -469,6 +529,55 @@ class _SIDCo(ThresholdSparsifier):
         state["stages"] = min(max(stages, 1), self.max_stages)
         state["quality_sum"] = 0.0
         state["quality_steps"] = 0
+
+
+_device_checked: dict = {}  # (device, variant) -> whether _select_device may be used there
+
+
+def _device_stages_usable(device: torch.device, sidco: _SIDCo) -> bool:
+    """Whether SIDCo's device-side stages (_select_device) are used on `device` for this
+    variant: checked once per device and variant against the host-driven path on a
+    synthetic gradient (a Triton that cannot compile the kernels, or any difference, leaves
+    the host-driven path in use, with a warning)."""
+    key = (device, type(sidco).__name__)
+    if key not in _device_checked:
+        _device_checked[key] = _check_device_stages(device, type(sidco))
+    return _device_checked[key]
+
+
+def _check_device_stages(device: torch.device, variant: type) -> bool:
+    import warnings  # noqa: PLC0415
+
+    problem = None
+    try:
+        g = torch.Generator().manual_seed(5)
+        u = torch.rand(300_007, generator=g, dtype=torch.float64) - 0.5
+        acc = (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32).to(device)
+        for ratio in (0.001, 0.05):
+            sidco = variant(ratio=ratio)
+            k = max(1, int(ratio * acc.numel()))
+            ratios = stage_ratios(ratio, sidco.first_stage_ratio, sidco.initial_stages)
+            ctx = Context(rank=0, world_size=1, step=0, name="check", state={},
+                          generator=g, shared_seed=0)
+            got = sidco._select_device(acc, ratios, ctx, k)
+            want = sidco._select_host(acc, ratios, ctx, k)
+            same = (_same_selection(got[0], want[0])
+                    and abs(got[1] - want[1]) <= 1e-12 * abs(want[1]))
+            if not same:
+                problem = f"its selection at ratio {ratio} differs from the host-driven path's"
+                break
+    except Exception as exc:  # noqa: BLE001 (whatever fails: report it, use the host path)
+        problem = f"{type(exc).__name__}: {exc}"
+    if problem is not None:
+        warnings.warn(f"SIDCo's device-side stages are unusable on {device} ({problem}); "
+                      "using the host-driven stages", RuntimeWarning, stacklevel=4)
+    return problem is None
+
+
+def _same_selection(a: Selected, b: Selected) -> bool:
+    """The same positions (whatever their integer dtype) and the same values."""
+    return (torch.equal(a.indices.to(torch.int64), b.indices.to(torch.int64))
+            and torch.equal(a.values, b.values))
 
 
 def _compact(pool: torch.Tensor, t: float, keep: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -118,11 +118,16 @@ def mean_and_variance(values: torch.Tensor, mean: float | None = None) -> tuple[
     return moments_from_sums(mean, second, lambda m: float(((v - m) ** 2).sum()) / n)
 
 
+# moments_from_sums: a variance at or below this fraction of mean² from the raw sums has
+# lost too many digits to cancellation, and is taken again by a centred pass.
+CANCELLATION = 1e-2
+
+
 def moments_from_sums(mean: float, second: float, centred) -> tuple[float, float]:
     """(mean, variance) from the mean and the mean square; `centred(mean)` gives the
     mean squared deviation by a second pass, used only under cancellation."""
     var = second - mean * mean
-    if not var > 1e-2 * mean * mean:
+    if not var > CANCELLATION * mean * mean:
         var = centred(mean)
     return mean, max(var, 0.0)
 

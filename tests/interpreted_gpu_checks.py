@@ -311,3 +311,109 @@ def test_dragonn_encode_flags_nan_and_inf_only_when_asked():
         kernels.dragonn_encode(acc, t, 64, *layout, torch.tensor([1.0, 2.0]))
     with pytest.raises(ValueError, match="tensor on the device"):
         kernels.dragonn_encode(acc, 0.5, 64, *layout, seeds)
+
+
+# ----------------------------------------------------------------------------------------
+# SIDCo's device-side stages (compressors/_native/gpu_sidco.py, sidco._select_device)
+
+
+def _sidco(name: str, ratio: float):
+    import compressors
+    from compressors import sidco
+    from compressors.base import Context
+
+    s = compressors.build(name, ratio=ratio)
+    ratios = sidco.stage_ratios(ratio, s.first_stage_ratio, s.initial_stages)
+
+    def ctx(check_finite: bool = False):
+        return Context(rank=0, world_size=1, step=0, name="g", state={},
+                       generator=torch.Generator(), shared_seed=0, check_finite=check_finite)
+    return s, ratios, ctx
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01, 0.3])
+@pytest.mark.parametrize("n", [50_000, 123_457])
+def test_sidco_device_stages_select_what_the_host_path_selects(name, ratio, n):
+    from compressors import sidco
+
+    s, ratios, ctx = _sidco(name, ratio)
+    acc = _laplace(n, seed=n)
+    k = max(1, int(ratio * n))
+    got, threshold, speculated = s._select_device(acc, ratios, ctx(), k)
+    want, host_threshold, _ = s._select_host(acc, ratios, ctx(), k)
+    ref, ref_threshold = s._select_reference(acc, ratios)
+    assert got.indices.dtype == torch.int64 and torch.equal(got.indices, ref)
+    assert torch.equal(got.values, acc[ref])  # signed, as sent
+    assert sidco._same_selection(got, want) and speculated is None
+    # the same fits; the sums are added in another order than on the host path
+    assert threshold == pytest.approx(host_threshold, rel=1e-12)
+    assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+    assert 0.5 * k <= got.indices.numel() <= 2 * k + 8
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+def test_sidco_device_stages_flag_what_the_host_path_decides(monkeypatch, name):
+    from compressors import sidco
+    from compressors._native import NonFinite
+
+    s, ratios, ctx = _sidco(name, 0.001)
+    acc = _laplace(60_001, seed=4)
+    assert s._select_device(torch.zeros(60_001), ratios, ctx(), 60) == (None, 0.0, None)
+    # a mean that needs rescaling: the reference path's (None), as on the host
+    assert s._select_device(acc * 1e-10, ratios, ctx(), 60) is None
+    assert s._select_host(acc * 1e-10, ratios, ctx(), 60) is None
+    bad = acc.clone()
+    bad[777] = float("nan")
+    with pytest.raises(NonFinite):
+        s._select_device(bad, ratios, ctx(check_finite=True), 60)
+    assert s._select_device(bad, ratios, ctx(), 60) is None  # left to the reference path
+    # what the device path does not decide goes to the host path, with its result
+    redone = []
+    real = sidco._SIDCo._select_host
+
+    def host(self, *args):
+        redone.append(args[0])
+        return real(self, *args)
+
+    monkeypatch.setattr(sidco._SIDCo, "_select_host", host)
+    constant = torch.full((60_001,), 0.5)  # GP: a point mass; E: nothing above stage 1
+    constant[::3] = -0.5
+    got = s._select_device(constant, ratios, ctx(), 60)
+    assert redone and redone[-1] is constant
+    ref, _ = s._select_reference(constant, ratios)
+    assert torch.equal(got[0].indices.long(), ref)
+    assert ref.numel() == (60_001 if name == "sidco_gp" else 0)
+
+
+def test_sidco_device_pool_past_its_buffer_is_flagged():
+    from compressors._native import gpu_sidco as dev
+
+    acc = _laplace(30_000, seed=2)
+    stages = dev.Stages(acc, 2)
+    t = float(acc.abs().kthvalue(29_000).values)  # 1000 above it
+    stages.set(0, t)
+    pool, ends = stages.compact(stages.source(), 0, 0.0, cap=999)
+    assert int(ends[-1]) == 1000 and stages.board[0] & dev.FLAG_REDO
+    stages = dev.Stages(acc, 2)
+    stages.set(0, t)
+    pool, _ = stages.compact(stages.source(), 0, 0.0, cap=1000)
+    assert stages.board[0] == 0
+    want = torch.nonzero(acc.abs() > t).squeeze(1)
+    assert torch.equal(pool.positions, want) and torch.equal(pool.values, acc[want])
+    # a final threshold at the pool's own: elements equal to it are outside the pool
+    stages.set(1, t)
+    out = stages.final(pool, 1, pool, 0)
+    flags, total, thresholds = stages.read()
+    assert flags & dev.FLAG_REDO and thresholds == [t, t]
+    # above it: the pool holds the selection
+    stages = dev.Stages(acc, 2)
+    stages.set(0, t)
+    pool, _ = stages.compact(stages.source(), 0, 0.0, cap=1000)
+    t2 = float(acc.abs().kthvalue(29_900).values)
+    stages.set(1, t2)
+    out = stages.final(pool, 1, pool, 0)
+    flags, total, _ = stages.read()
+    want = torch.nonzero(acc.abs() >= t2).squeeze(1)
+    assert flags == 0 and total == want.numel() == 101
+    assert torch.equal(out.positions[:total], want) and torch.equal(out.values[:total], acc[want])

@@ -49,6 +49,100 @@ def test_triton_kernels_under_the_interpreter():
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
 
 
+# Every kernel in the variants the compressors launch, compiled for an H100 (sm_90) by
+# Triton's own compiler and ptxas, which ship with it: what the interpreter cannot show
+# (types that do not unify across branches or loop iterations, lowering failures) shows
+# here, with no GPU. (kernel, "argument:type ...", constexpr variants).
+def _compile_cases():
+    from compressors._native import gpu, gpu_sidco
+
+    x_n = "x_ptr:*fp32 n:i64"
+    b, sub, tiles = gpu.BLOCK, gpu.SUB, gpu.TILES
+    flags2 = [(a, c) for a in (False, True) for c in (False, True)]
+    return [
+        (gpu._sub_counts_kernel, f"{x_n} t:fp32 counts_ptr:*i32 nsub:i64 flag_ptr:*i64",
+         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=False) for s, c in flags2]),
+        (gpu._sub_counts_kernel, f"{x_n} t:*fp32 counts_ptr:*i32 nsub:i64 flag_ptr:*i64",
+         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=True) for s, c in flags2]),
+        (gpu._select_kernel, f"{x_n} t:fp32 counts_ptr:*i32 ends_ptr:*i64 idx_ptr:*i64 "
+         "val_ptr:*fp32 map_ptr:*i64",
+         [dict(STRICT=s, VALUES=v, MAPPED=m, SUB=sub, T_PTR=False)
+          for s in (False, True) for v, m in flags2]),
+        (gpu._select_kernel, f"{x_n} t:*fp32 counts_ptr:*i32 ends_ptr:*i64 idx_ptr:*i64 "
+         "val_ptr:*fp32 map_ptr:*fp32", [dict(STRICT=False, VALUES=True, MAPPED=False,
+                                              SUB=sub, T_PTR=True)]),
+        (gpu._count_kernel, f"{x_n} t:fp32 out_ptr:*i64",
+         [dict(STRICT=s, BLOCK=b, TILES=tiles) for s in (False, True)]),
+        (gpu._stats_kernel, f"{x_n} above:fp32 shift_bits:i64 out_ptr:*fp64",
+         [dict(HAS_ABOVE=a, SQUARES=q, EXTREMES=e, LOGS=lg, BLOCK=b, TILES=tiles)
+          for a, q in flags2 for e, lg in flags2]),
+        (gpu._stats_final_kernel, "part_ptr:*fp64 rows:i32 out_ptr:*fp64", [dict(R=2048)]),
+        (gpu._nonfinite_kernel, f"{x_n} out_ptr:*i32", [dict(BLOCK=b, TILES=tiles)]),
+        (gpu._sample_kernel, f"{x_n} s:i64 k0:i64 k1:i64 out_ptr:*fp32",
+         [dict(BLOCK=gpu.SMALL_BLOCK, K_PTR=False)]),
+        (gpu._sample_kernel, f"{x_n} s:i64 k0:*i64 k1:i64 out_ptr:*fp32",
+         [dict(BLOCK=gpu.SMALL_BLOCK, K_PTR=True)]),
+        (gpu._dragonn_write_kernel, "keys_ptr:*i64 nk:i64 m:i64 s0:i64 s1:i64 index_bits:i64 "
+         "priority_shift:i64 packed_ptr:*i64", [dict(BLOCK=gpu.SMALL_BLOCK)]),
+        (gpu._dragonn_fused_kernel, f"{x_n} t_ptr:*fp32 seeds_ptr:*i64 m:i64 index_bits:i64 "
+         "priority_shift:i64 packed_ptr:*i64 found_ptr:*i64",
+         [dict(CHECK=c, BLOCK=gpu.FUSED_BLOCK, CHUNK=gpu.FUSED_CHUNK) for c in (False, True)]),
+        (gpu._dragonn_take_kernel, "packed_ptr:*i64 m:i64 index_bits:i64 acc_ptr:*fp32 "
+         "values_ptr:*fp32", [dict(VALUES=v, BLOCK=gpu.SMALL_BLOCK) for v in (False, True)]),
+        (gpu_sidco._later_stats_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 board_ptr:*i64 "
+         "slot:i32 out_ptr:*fp64",
+         [dict(HAS_ABOVE=a, SQUARES=q, N_PTR=p, BLOCK=b, TILES=tiles)
+          for a, q in flags2 for p in (False, True)]),
+        (gpu_sidco._fit_kernel, "part_ptr:*fp64 rows:i32 board_ptr:*i64 t32_ptr:*fp32 "
+         "slot_in:i32 slot_out:i32 minus_log_bits:i64",
+         [dict(FIRST=f, GP=g, R=gpu_sidco.REDUCE) for f, g in flags2]),
+        (gpu_sidco._pool_counts_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
+         "counts_ptr:*i32 nsub:i64",
+         [dict(STRICT=s, N_PTR=p, BLOCK=b, SUB=sub) for s, p in flags2]),
+        (gpu_sidco._pool_write_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
+         "counts_ptr:*i32 ends_ptr:*i64 pos_ptr:*i64 val_ptr:*fp32 map_ptr:*i64 cap:i64 "
+         "board_ptr:*i64",
+         [dict(STRICT=s, MAPPED=m, N_PTR=p, SUB=sub)
+          for s, m in flags2 for p in (False, True)]),
+        (gpu_sidco._final_check_kernel, "board_ptr:*i64 t32_ptr:*fp32 slot:i32 base_slot:i32 "
+         "total_ptr:*i64 cap:i64 base_n_ptr:*i64 base_cap:i64",
+         [dict(HAS_BASE=h) for h in (False, True)]),
+    ]
+
+
+def _can_compile_for_cuda() -> bool:
+    try:
+        from triton.backends.compiler import GPUTarget  # noqa: F401
+        from triton.compiler import ASTSource  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# The pinned torch's CUDA build ships Triton with its NVIDIA backend and ptxas; a CPU-only
+# torch has no Triton, and the CUDA paths are then never taken.
+@pytest.mark.skipif(not _can_compile_for_cuda(), reason="no Triton with a CUDA backend here")
+def test_triton_kernels_compile_for_an_h100_without_one():
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    target = GPUTarget("cuda", 90, 32)
+    compiled = 0
+    for kernel, args, variants in _compile_cases():
+        names = kernel.arg_names
+        signature = dict(a.split(":") for a in args.split())
+        assert list(signature) == names[:len(signature)], (kernel.__name__, names)
+        for constants in variants:
+            assert set(constants) == set(names[len(signature):]), kernel.__name__
+            full = {**signature, **{c: "constexpr" for c in constants}}
+            out = triton.compile(ASTSource(fn=kernel, signature=full, constexprs=constants),
+                                 target=target)
+            assert out.asm.get("cubin"), f"{kernel.__name__} {constants}: no binary"
+            compiled += 1
+    assert compiled >= 60
+
+
 def _laplace(n: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
@@ -111,3 +205,30 @@ def test_cuda_folded_check_raises_and_changes_nothing(name):
         with pytest.raises(FloatingPointError, match="gradient 'g' contains"):
             drive([folded.exchange("g", broken, 2)])
         assert torch.equal(folded.generator(grad.device).get_state(), before)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+def test_cuda_sidco_keeps_its_thresholds_on_the_device(monkeypatch, name):
+    # SIDCo on CUDA takes the device-side stages (its check on this GPU passed), which
+    # select what the host-driven stages select, over steps whose stage count adapts
+    from compressors import sidco
+
+    grads = [_laplace(3_000_017, seed=s).cuda() for s in range(8)]
+    s = compressors.build(name, ratio=0.001)
+    assert sidco._device_stages_usable(grads[0].device, s)
+    taken = []
+    real = sidco._SIDCo._select_device
+
+    def spy(self, *args):
+        taken.append(1)
+        return real(self, *args)
+
+    monkeypatch.setattr(sidco._SIDCo, "_select_device", spy)
+    device = _run(name, grads, 0.001)
+    assert len(taken) == len(grads)
+    monkeypatch.setattr(sidco, "_device_stages_usable", lambda *args: False)
+    host = _run(name, grads, 0.001)
+    for d, h in zip(device, host):
+        assert torch.equal(d.sent.indices, h.sent.indices)
+        assert torch.equal(d.sent.values, h.sent.values)

@@ -173,6 +173,21 @@ if triton is not None:
                 total += c
         tl.store(out_ptr + pid, total.to(tl.int64))
 
+    @triton.jit
+    def _exceedances(x_ptr, offs, n, above, shift, HAS_ABOVE: tl.constexpr):
+        # |x| at offs (0 past the end), which are inside, which are counted (those inside,
+        # or with HAS_ABOVE those with |x| > above), and their count, Σy and Σy² with
+        # y = |x| − shift in float64
+        inside = offs < n
+        a = tl.abs(tl.load(x_ptr + offs, mask=inside, other=0.0))
+        if HAS_ABOVE:
+            sel = (a > above) & inside
+        else:
+            sel = inside
+        y = tl.where(sel, a.to(tl.float64) - shift, 0.0)
+        return (a, inside, sel, tl.sum(sel.to(tl.int32), axis=0), tl.sum(y, axis=0),
+                tl.sum(y * y, axis=0))
+
     @triton.jit(do_not_specialize=["shift_bits"])
     def _stats_kernel(x_ptr, n, above, shift_bits, out_ptr, HAS_ABOVE: tl.constexpr,
                       SQUARES: tl.constexpr, EXTREMES: tl.constexpr, LOGS: tl.constexpr,
@@ -183,16 +198,8 @@ if triton is not None:
         shift = shift_bits.to(tl.int64).to(tl.float64, bitcast=True)
         for j in tl.static_range(TILES):
             offs = pid.to(tl.int64) * (TILES * BLOCK) + j * BLOCK + tl.arange(0, BLOCK)
-            inside = offs < n
-            a = tl.abs(tl.load(x_ptr + offs, mask=inside, other=0.0))
-            if HAS_ABOVE:
-                sel = (a > above) & inside
-            else:
-                sel = inside
-            y = tl.where(sel, a.to(tl.float64) - shift, 0.0)
-            c = tl.sum(sel.to(tl.int32), axis=0)
-            s1 = tl.sum(y, axis=0)
-            s2 = tl.sum(y * y, axis=0)  # unused (and removed by the compiler) unless SQUARES
+            # s2 unused (and removed by the compiler) unless SQUARES
+            a, inside, sel, c, s1, s2 = _exceedances(x_ptr, offs, n, above, shift, HAS_ABOVE)
             # as kernels.cpp: the max over all elements, the min over those counted, NaN in
             # neither; nonzeros (and logs) over all elements with |x| > 0
             hi = tl.max(tl.where(inside & (a == a), a, -1.0), axis=0)

@@ -1,0 +1,326 @@
+"""SIDCo's stages on a CUDA device with no host synchronisation between them (Triton).
+
+On the host-driven path (compressors/sidco.py, `_native.stats` / `select` on CUDA) every
+stage copies its statistics to the host, where the next threshold is fitted: at 128M
+elements on an H100 that path took 10–23× a device read pass, most of it the host waiting
+for the device and the device for the host. Here the thresholds stay on the device:
+
+- a `board` (int64) holds the flags, the final selection's size and each stage's
+  threshold as float64 bits; `t32` (float32) the same thresholds rounded to float32, as
+  the comparisons see them (torch rounds a Python threshold to the tensor's dtype);
+- a stage is a statistics pass over its source (acc, or a pool) that reads its threshold
+  and shift from the board, then one small program that adds the partials in program
+  order and writes the next threshold (the same float64 formulas as compressors/sidco.py);
+- a compaction (the pools) is a counting pass per sub-block, a cumulative sum and a
+  writing pass into a buffer sized from the fraction expected to pass, so no size is read
+  on the host; the pools carry acc's positions and signed values, in ascending order;
+- the final selection is written the same way, and one copy to the host (`read`) brings
+  back its size, the thresholds and the flags.
+
+What the device path does not decide, it flags for the caller, who then runs the
+host-driven path instead (the same selection, only slower): the GP fit's cancellation or
+point mass, a pool that outgrew its buffer, a final threshold not above its pool's, data
+whose mean needs rescaling, NaN/Inf (the caller raises) and an all-zero tensor.
+
+Runs under Triton's CPU interpreter on CPU tensors too (TRITON_INTERPRET=1; tests).
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import NamedTuple
+
+import torch
+
+from compressors._native import gpu
+from compressors._native.gpu import BLOCK, SUB, SUB_WARPS, TILES, WARPS, _f32, _f64_bits, _grid
+from compressors.threshold import CANCELLATION, SAFE_MEAN
+
+triton, tl = gpu.triton, gpu.tl
+
+FLAG_NONFINITE = 1  # the first read's Σ|x| is not finite: a NaN or an Inf
+FLAG_ZERO = 2  # every element is zero
+FLAG_UNSAFE = 4  # mean |x| outside threshold.SAFE_MEAN: the host path rescales first
+FLAG_REDO = 8  # left to the host-driven path (see the module docstring)
+HEAD = 2  # board[0]: flags, board[1]: the final selection's size; then the thresholds
+SAFE_LOW, SAFE_HIGH = SAFE_MEAN
+REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
+
+if triton is not None:
+    from compressors._native.gpu import _exceedances, _hits
+
+    # the constants above as the kernels take them
+    _HEAD = tl.constexpr(HEAD)
+    _REDO = tl.constexpr(FLAG_REDO)
+    _NONFINITE = tl.constexpr(FLAG_NONFINITE)
+    _ZERO = tl.constexpr(FLAG_ZERO)
+    _UNSAFE = tl.constexpr(FLAG_UNSAFE)
+    _SAFE_LOW = tl.constexpr(SAFE_LOW)
+    _SAFE_HIGH = tl.constexpr(SAFE_HIGH)
+    _CANCEL = tl.constexpr(CANCELLATION)
+
+    @triton.jit
+    def _size(n, n_ptr, N_PTR: tl.constexpr):
+        # the elements of a source: n (acc), or a pool's count read on the device, at
+        # most its buffer's capacity n
+        if N_PTR:
+            return tl.minimum(tl.load(n_ptr), n)
+        else:
+            return n
+
+    @triton.jit(do_not_specialize=["n", "slot"])
+    def _later_stats_kernel(x_ptr, n, n_ptr, t32_ptr, board_ptr, slot, out_ptr,
+                            HAS_ABOVE: tl.constexpr, SQUARES: tl.constexpr,
+                            N_PTR: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
+        # per program of TILES blocks: count, Σy, Σy² of y = |x| − t over |x| > t (all of
+        # the source without HAS_ABOVE), t the threshold in `slot` (float64 shift, float32
+        # comparison); stored column-major (3 × programs)
+        pid = tl.program_id(0)
+        size = _size(n, n_ptr, N_PTR)
+        above = tl.load(t32_ptr + slot)
+        shift = tl.load(board_ptr + _HEAD + slot).to(tl.float64, bitcast=True)
+        for j in tl.static_range(TILES):
+            offs = pid.to(tl.int64) * (TILES * BLOCK) + j * BLOCK + tl.arange(0, BLOCK)
+            a, inside, sel, c, s1, s2 = _exceedances(x_ptr, offs, size, above, shift, HAS_ABOVE)
+            if j == 0:
+                cnt, sum1, sum2 = c, s1, s2
+            else:
+                cnt += c
+                sum1 += s1
+                sum2 += s2
+        progs = tl.num_programs(0)
+        tl.store(out_ptr + pid, cnt.to(tl.float64))
+        tl.store(out_ptr + progs + pid, sum1)
+        if SQUARES:
+            tl.store(out_ptr + 2 * progs + pid, sum2)
+        else:
+            tl.store(out_ptr + 2 * progs + pid, 0.0)
+
+    @triton.jit
+    def _expm1(x):
+        # e^x − 1 without cancellation for small x (Kahan's: (u − 1)·x / ln u, u = e^x);
+        # libdevice's expm1 is not in Triton's CPU interpreter
+        u = tl.exp(x)
+        um1 = u - 1.0
+        return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(u)))
+
+    @triton.jit(do_not_specialize=["rows", "slot_in", "slot_out", "minus_log_bits"])
+    def _fit_kernel(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, minus_log_bits,
+                    FIRST: tl.constexpr, GP: tl.constexpr, R: tl.constexpr):
+        # one program: the partials (count, Σy, Σy² rows of `rows` columns) added in
+        # program order, then the stage's threshold into `slot_out`: compressors/sidco.py's
+        # exponential_quantile or _gpareto_threshold, in the same float64 operations.
+        # FIRST: stage 1 (location 0, its flags); else y = |x| − t, t in `slot_in`, and a
+        # stage with no exceedance keeps t.
+        cnt = tl.zeros((), tl.float64)
+        s1 = tl.zeros((), tl.float64)
+        s2 = tl.zeros((), tl.float64)
+        for r0 in range(0, rows, R):
+            r = r0 + tl.arange(0, R)
+            inside = r < rows
+            cnt += tl.sum(tl.load(part_ptr + r, mask=inside, other=0.0), axis=0)
+            s1 += tl.sum(tl.load(part_ptr + rows + r, mask=inside, other=0.0), axis=0)
+            s2 += tl.sum(tl.load(part_ptr + 2 * rows + r, mask=inside, other=0.0), axis=0)
+        minus_log = minus_log_bits.to(tl.int64).to(tl.float64, bitcast=True)  # −ln δ_m
+        if FIRST:
+            t = tl.zeros((), tl.float64)
+        else:
+            t = tl.load(board_ptr + _HEAD + slot_in).to(tl.float64, bitcast=True)
+        mean = s1 / cnt
+        flags = tl.zeros((), tl.int64)
+        if GP:
+            var = s2 / cnt - mean * mean
+            # (1e-2·mean)·mean in the host's order; at or below it, moments_from_sums takes
+            # a second, centred pass: the host path's
+            flags |= tl.where(var > mean * _CANCEL * mean, 0, _REDO).to(tl.int64)
+            r = mean * mean / var
+            alpha = 0.5 * (1.0 - r)
+            beta = 0.5 * mean * (r + 1.0)
+            q = tl.where(tl.abs(alpha) < 1e-12, beta * minus_log,
+                         beta * _expm1(alpha * minus_log) / alpha)
+        else:
+            q = mean * minus_log
+        new = t + q
+        if FIRST:
+            bad = (s1 != s1) | (tl.abs(s1) == float("inf"))
+            flags |= tl.where(bad, _NONFINITE, 0).to(tl.int64)
+            flags |= tl.where(mean == 0.0, _ZERO, 0).to(tl.int64)
+            safe = (mean >= _SAFE_LOW) & (mean <= _SAFE_HIGH)
+            flags |= tl.where(safe, 0, _UNSAFE).to(tl.int64)
+        else:
+            # nothing exceeds t: the host path stops its stages, its threshold stays t
+            new = tl.where(cnt > 0, new, t)
+            flags = tl.where(cnt > 0, flags, 0)
+        tl.store(board_ptr + _HEAD + slot_out, new.to(tl.int64, bitcast=True))
+        tl.store(t32_ptr + slot_out, new.to(tl.float32))
+        if flags != 0:
+            tl.atomic_or(board_ptr, flags)
+
+    @triton.jit(do_not_specialize=["n", "slot", "nsub"])
+    def _pool_counts_kernel(x_ptr, n, n_ptr, t32_ptr, slot, counts_ptr, nsub,
+                            STRICT: tl.constexpr, N_PTR: tl.constexpr, BLOCK: tl.constexpr,
+                            SUB: tl.constexpr):
+        # hits per sub-block of SUB elements against the threshold in `slot`
+        pid = tl.program_id(0)
+        size = _size(n, n_ptr, N_PTR)
+        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        a, hit = _hits(x_ptr, offs, size, tl.load(t32_ptr + slot), STRICT)
+        per_sub = tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK // SUB, SUB)), axis=1)
+        sub = pid.to(tl.int64) * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
+        tl.store(counts_ptr + sub, per_sub, mask=sub < nsub)
+
+    @triton.jit(do_not_specialize=["n", "slot", "cap"])
+    def _pool_write_kernel(x_ptr, n, n_ptr, t32_ptr, slot, counts_ptr, ends_ptr, pos_ptr,
+                           val_ptr, map_ptr, cap, board_ptr, STRICT: tl.constexpr,
+                           MAPPED: tl.constexpr, N_PTR: tl.constexpr, SUB: tl.constexpr):
+        # one sub-block per program: its hits' positions (through map_ptr when MAPPED: a
+        # pool's acc positions) and signed values, in order, at most `cap` of them in all
+        pid = tl.program_id(0)
+        mine = tl.load(counts_ptr + pid)
+        if mine > 0:
+            size = _size(n, n_ptr, N_PTR)
+            offs = pid.to(tl.int64) * SUB + tl.arange(0, SUB)
+            inside = offs < size
+            x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+            a = tl.abs(x)
+            t = tl.load(t32_ptr + slot)
+            if STRICT:
+                hit = (a > t) & inside
+            else:
+                hit = (a >= t) & inside
+            h = hit.to(tl.int32)
+            end = tl.load(ends_ptr + pid)
+            dst = end - mine + (tl.cumsum(h, axis=0) - h).to(tl.int64)
+            keep = hit & (dst < cap)
+            if MAPPED:
+                src = tl.load(map_ptr + offs, mask=keep, other=0)
+            else:
+                src = offs
+            tl.store(pos_ptr + dst, src, mask=keep)
+            tl.store(val_ptr + dst, x, mask=keep)
+            if end > cap:
+                tl.atomic_or(board_ptr, _REDO)
+
+    @triton.jit(do_not_specialize=["slot", "base_slot", "cap", "base_cap"])
+    def _final_check_kernel(board_ptr, t32_ptr, slot, base_slot, total_ptr, cap, base_n_ptr,
+                            base_cap, HAS_BASE: tl.constexpr):
+        # the final selection's size into board[1]; with a pool (HAS_BASE), it must hold
+        # every element at or above the final threshold: the threshold above the pool's
+        # (as float32) and the pool not empty, else the host path selects from acc
+        tl.store(board_ptr + 1, tl.minimum(tl.load(total_ptr), cap))
+        if HAS_BASE:
+            t = tl.load(t32_ptr + slot)
+            base = tl.load(t32_ptr + base_slot)
+            empty = tl.minimum(tl.load(base_n_ptr), base_cap) == 0
+            if (t <= base) | (t != t) | empty:
+                tl.atomic_or(board_ptr, _REDO)
+
+
+class Pool(NamedTuple):
+    """A source of a stage: acc itself (positions None, count None), or a compaction:
+    acc's signed values and positions (int64) in buffers of `cap` entries, of which the
+    first `count[0]` (a one-element int64 tensor on the device, at most cap) are used."""
+
+    values: torch.Tensor
+    positions: torch.Tensor | None
+    count: torch.Tensor | None
+    cap: int
+
+
+class Stages:
+    """One SIDCo step's device state (see the module docstring): thresholds in `slots`
+    numbered from 0, the first stage's in slot 0."""
+
+    def __init__(self, acc: torch.Tensor, slots: int):
+        if not gpu.supports(acc):
+            raise TypeError("Stages takes a contiguous float32 tensor on the current CUDA "
+                            "device (or a CPU one under Triton's interpreter)")
+        self.acc = acc
+        self.board = torch.zeros(HEAD + slots, dtype=torch.int64, device=acc.device)
+        self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
+
+    def source(self) -> Pool:
+        return Pool(self.acc, None, None, self.acc.numel())
+
+    def set(self, slot: int, value: float) -> None:
+        """A threshold fitted on the host (SIDCo-P's gamma stage) into `slot`."""
+        self.board[HEAD + slot] = _f64_bits(value)
+        self.t32[slot] = _f32(value)
+
+    def first(self, gp: bool, ratio: float) -> None:
+        """Stage 1 into slot 0: the exponential (or GP) fit of all of |acc|; flags a NaN or
+        an Inf, an all-zero acc and a mean that needs rescaling."""
+        part = gpu.stats_partials(self.acc, squares=gp)
+        self._fit(part, 0, 0, first=True, gp=gp, ratio=ratio)
+
+    def later(self, src: Pool, slot_in: int, slot_out: int, above: bool, gp: bool,
+              ratio: float) -> None:
+        """A later stage: fit y = |x| − t over the elements of `src` above t (all of them
+        when not `above`: a pool compacted at t), t in slot_in; the result into slot_out."""
+        grid = _grid(src.cap, BLOCK * TILES)
+        part = torch.empty((3, grid[0]), dtype=torch.float64, device=self.acc.device)
+        _later_stats_kernel[grid](src.values, src.cap, _count(src), self.t32, self.board,
+                                  slot_in, part, HAS_ABOVE=above, SQUARES=gp,
+                                  N_PTR=src.count is not None, BLOCK=BLOCK, TILES=TILES,
+                                  num_warps=WARPS)
+        self._fit(part, slot_in, slot_out, first=False, gp=gp, ratio=ratio)
+
+    def _fit(self, part: torch.Tensor, slot_in: int, slot_out: int, first: bool, gp: bool,
+             ratio: float) -> None:
+        # part: count, Σy, Σy² in its first three rows (gpu.stats_partials has seven)
+        _fit_kernel[(1,)](part, part.shape[1], self.board, self.t32, slot_in, slot_out,
+                          _f64_bits(-math.log(ratio)), FIRST=first, GP=gp, R=REDUCE,
+                          num_warps=8)
+
+    def compact(self, src: Pool, slot: int, keep: float, strict: bool = True,
+                cap: int | None = None) -> tuple[Pool, torch.Tensor]:
+        """The elements of `src` with |x| > t (≥ t when not strict), t in `slot`, into a
+        new pool of `cap` entries (by default four times the `keep` fraction expected to
+        pass, and 4096; never more than src's); a pool that would outgrow it is flagged.
+        Also returns the cumulative hit counts (their last: the size before the cap)."""
+        if cap is None:
+            cap = min(src.cap, math.ceil(4 * keep * src.cap) + 4096)
+        device = self.acc.device
+        nsub = -(-src.cap // SUB)
+        counts = torch.empty(nsub, dtype=torch.int32, device=device)
+        n_arg = _count(src)
+        _pool_counts_kernel[_grid(src.cap, BLOCK)](
+            src.values, src.cap, n_arg, self.t32, slot, counts, nsub, STRICT=strict,
+            N_PTR=src.count is not None, BLOCK=BLOCK, SUB=SUB, num_warps=WARPS)
+        ends = torch.cumsum(counts, 0, dtype=torch.int64)
+        positions = torch.empty(cap, dtype=torch.int64, device=device)
+        values = torch.empty(cap, dtype=self.acc.dtype, device=device)
+        mapped = src.positions is not None
+        _pool_write_kernel[(nsub,)](
+            src.values, src.cap, n_arg, self.t32, slot, counts, ends, positions, values,
+            src.positions if mapped else positions, cap, self.board, STRICT=strict,
+            MAPPED=mapped, N_PTR=src.count is not None, SUB=SUB, num_warps=SUB_WARPS)
+        return Pool(values, positions, ends[-1:], cap), ends
+
+    def final(self, src: Pool, slot: int, base: Pool | None, base_slot: int,
+              cap: int | None = None) -> Pool:
+        """The selection {|x| ≥ t}, t in `slot`, from `src` (acc, or a pool compacted at
+        the threshold in `base_slot`, `base` that pool); its size into board[1]."""
+        out, ends = self.compact(src, slot, 1.0, strict=False,
+                                 cap=src.cap if cap is None else min(cap, src.cap))
+        has_base = base is not None
+        _final_check_kernel[(1,)](self.board, self.t32, slot, base_slot if has_base else slot,
+                                  ends[-1:], out.cap, base.count if has_base else ends,
+                                  base.cap if has_base else 0, HAS_BASE=has_base)
+        return out
+
+    def read(self) -> tuple[int, int, list[float]]:
+        """(flags, the final selection's size, every slot's threshold): the one copy to
+        the host, which waits for everything before it."""
+        got = self.board.tolist()
+        return got[0], got[1], [_from_bits(b) for b in got[HEAD:]]
+
+
+def _count(src: Pool) -> torch.Tensor:
+    """The count pointer a kernel takes (the source itself where it has none: unused)."""
+    return src.values if src.count is None else src.count
+
+
+def _from_bits(bits: int) -> float:
+    return struct.unpack("d", struct.pack("q", bits))[0]

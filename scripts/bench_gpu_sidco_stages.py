@@ -1,0 +1,106 @@
+"""SIDCo's two CUDA paths side by side: the stages driven from the host (a copy to the host
+after every stage: sidco._select_host) and the stages with their thresholds kept on the
+device (one copy at the end: sidco._select_device, compressors/_native/gpu_sidco.py).
+Alternating rounds in one process on the same gradient; per round the median wall time of
+`--steps` calls of each (each call ends with the copy to the host that both paths make,
+so the time is the device's and the host's together), and the one-read floor (a sum of a
+precomputed |x|, synchronised). From the repository root, on a machine with a GPU:
+
+    python scripts/bench_gpu_sidco_stages.py --sizes 26M,128M --rounds 5 --steps 30 \\
+        --json results/bench/OUT.json
+
+`--device cpu` with TRITON_INTERPRET=1 runs the same code under Triton's interpreter (a
+check that the script works, not a timing)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, ".")
+import compressors  # noqa: E402
+from compressors import sidco  # noqa: E402
+from compressors.base import Context  # noqa: E402
+
+
+def _size(text: str) -> int:
+    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1].upper(), 1)
+    return int(float(text[:-1] if scale > 1 else text) * scale)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _median_ms(fn, steps: int, device: str) -> float:
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="26M,128M")
+    ap.add_argument("--ratio", type=float, default=0.001)
+    ap.add_argument("--compressor", default="sidco_e,sidco_gp,sidco_p")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    device = args.device
+    rows = []
+    for text in args.sizes.split(","):
+        n = _size(text)
+        g = torch.Generator().manual_seed(n)
+        u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+        acc = (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32).to(device)
+        del u
+        magnitudes = acc.abs()
+        k = max(1, int(args.ratio * n))
+        for name in args.compressor.split(","):
+            s = compressors.build(name, ratio=args.ratio)
+            ratios = sidco.stage_ratios(args.ratio, s.first_stage_ratio, s.initial_stages)
+            ctx = Context(rank=0, world_size=1, step=0, name="g", state={},
+                          generator=torch.Generator(), shared_seed=0)
+            host = s._select_host(acc, ratios, ctx, k)
+            dev = s._select_device(acc, ratios, ctx, k)
+            same = sidco._same_selection(host[0], dev[0])
+            for r in range(args.rounds):
+                floor = _median_ms(magnitudes.sum, args.steps, device)
+                pair = {}
+                order = ("host", "device") if r % 2 == 0 else ("device", "host")
+                for path in order:
+                    fn = s._select_host if path == "host" else s._select_device
+                    call = (lambda fn=fn, acc=acc, ratios=ratios, ctx=ctx, k=k:
+                            fn(acc, ratios, ctx, k))
+                    pair[path] = _median_ms(call, args.steps, device)
+                row = {"numel": n, "compressor": name, "stages": len(ratios), "round": r,
+                       "floor_ms": round(floor, 4), "host_ms": round(pair["host"], 4),
+                       "device_ms": round(pair["device"], 4),
+                       "host_over_device": round(pair["host"] / pair["device"], 3),
+                       "device_over_floor": round(pair["device"] / floor, 2),
+                       "same_selection": same, "selected": int(dev[0].indices.numel())}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    if args.json:
+        machine = torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)"
+        with open(args.json, "w") as f:
+            json.dump({"device": machine, "torch": torch.__version__, "ratio": args.ratio,
+                       "rows": rows}, f, indent=1)
+    return 0 if all(r["same_selection"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
