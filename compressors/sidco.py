@@ -70,6 +70,12 @@ SPECULATION_MARGIN = 0.05
 # fourth: one pass in place and one compaction instead of two compactions saved ~0.4 ms.
 COMPACT_BELOW = 0.1
 
+# The device-side stages (CUDA) write each pool into a buffer of DEVICE_ROOM times the
+# elements expected to pass; a step whose pool outgrows it is redone by the host-driven
+# stages, and the tensor's later steps get twice the room, up to DEVICE_ROOM_MAX.
+DEVICE_ROOM = 4.0
+DEVICE_ROOM_MAX = 64.0
+
 # Below this coefficient of variation (σ²/μ² < 1e-10) data are numerically constant for
 # float32 statistics: the GP fit's limit is a point mass, whose every quantile is the point.
 _POINT_MASS_CV2 = 1e-10
@@ -297,7 +303,10 @@ class _SIDCo(ThresholdSparsifier):
         _select_host: the same selection either way. Returns what _select_host does."""
         from compressors._native import gpu_sidco as dev  # noqa: PLC0415 (imports triton)
 
-        stages = dev.Stages(acc, len(ratios))
+        # pools sized from the shares expected to pass, times `room`: doubled for later
+        # steps (up to DEVICE_ROOM_MAX) each time one outgrew its buffer
+        room = ctx.state.get("device_room", DEVICE_ROOM)
+        stages = dev.Stages(acc, len(ratios), room)
         if self.first_fit == "gamma":
             st = _native.stats(acc, logs=True)
             check_sum_finite(acc, st.sum, ctx)
@@ -324,7 +333,7 @@ class _SIDCo(ThresholdSparsifier):
                 share *= ratio
         last = len(ratios) - 1
         if base is None:  # one or two stages: from acc, about k of it
-            out = stages.final(src, last, None, 0, cap=4 * k + 4096)
+            out = stages.final(src, last, None, 0, cap=math.ceil(room * k) + 4096)
         else:
             out = stages.final(src, last, base, base_slot)
         flags, total, thresholds = stages.read()
@@ -335,6 +344,8 @@ class _SIDCo(ThresholdSparsifier):
         if flags & dev.FLAG_UNSAFE:
             return None
         if flags & dev.FLAG_REDO:
+            if flags & dev.FLAG_OVERFLOW:
+                ctx.state["device_room"] = min(2 * room, DEVICE_ROOM_MAX)
             return self._select_host(acc, ratios, ctx, k)
         indices = out.positions[:total].clone()
         return Selected(indices, out.values[:total].clone()), thresholds[last], None

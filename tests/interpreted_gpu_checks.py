@@ -394,7 +394,8 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
     t = float(acc.abs().kthvalue(29_000).values)  # 1000 above it
     stages.set(0, t)
     pool, ends = stages.compact(stages.source(), 0, 0.0, cap=999)
-    assert int(ends[-1]) == 1000 and stages.board[0] & dev.FLAG_REDO
+    assert int(ends[-1]) == 1000
+    assert int(stages.board[0]) == dev.FLAG_REDO | dev.FLAG_OVERFLOW
     stages = dev.Stages(acc, 2)
     stages.set(0, t)
     pool, _ = stages.compact(stages.source(), 0, 0.0, cap=1000)
@@ -405,7 +406,7 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
     stages.set(1, t)
     out = stages.final(pool, 1, pool, 0)
     flags, total, thresholds = stages.read()
-    assert flags & dev.FLAG_REDO and thresholds == [t, t]
+    assert flags == dev.FLAG_REDO and thresholds == [t, t]
     # above it: the pool holds the selection
     stages = dev.Stages(acc, 2)
     stages.set(0, t)
@@ -417,3 +418,61 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
     want = torch.nonzero(acc.abs() >= t2).squeeze(1)
     assert flags == 0 and total == want.numel() == 101
     assert torch.equal(out.positions[:total], want) and torch.equal(out.values[:total], acc[want])
+
+
+def test_sidco_device_pools_get_more_room_after_one_outgrew_its_buffer():
+    from compressors import sidco
+
+    s, ratios, ctx = _sidco("sidco_e", 0.001)
+    acc = _laplace(123_457, seed=8)
+    state = ctx()
+    state.state["device_room"] = 1e-6  # buffers of 4096: the first pool (~6%) overflows
+    got = s._select_device(acc, ratios, state, 123)
+    assert sidco._same_selection(got[0], s._select_host(acc, ratios, ctx(), 123)[0])
+    assert state.state["device_room"] == 2e-6
+    state.state["device_room"] = sidco.DEVICE_ROOM
+    s._select_device(acc, ratios, state, 123)
+    assert state.state["device_room"] == sidco.DEVICE_ROOM  # no overflow: unchanged
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+def test_sidco_device_stages_copy_to_the_host_once(monkeypatch, name):
+    # the host-driven path's calls each wait for the device (8 at δ = 0.001: five
+    # statistics, two compactions, the selection); the device path's one copy is the board
+    from compressors import _native
+    from compressors._native import gpu_sidco as dev
+
+    def waits(*args, **kwargs):
+        raise AssertionError("a host-driven call (it waits for the device)")
+
+    for fn in ("stats", "select", "count", "pool", "all_finite"):
+        monkeypatch.setattr(_native, fn, waits)
+        if hasattr(kernels, fn):
+            monkeypatch.setattr(kernels, fn, waits)
+    reads = []
+    real = dev.Stages.read
+
+    def read(self):
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(dev.Stages, "read", read)
+    s, ratios, ctx = _sidco(name, 0.001)
+    got = s._select_device(_laplace(123_457, seed=3), ratios, ctx(), 123)
+    assert len(ratios) == 5 and got[0].indices.numel() > 0 and reads == [1]
+
+
+def test_sidco_device_stages_check_passes_and_catches_a_wrong_selection(monkeypatch):
+    from compressors import sidco
+
+    for variant in (sidco.SIDCoExponential, sidco.SIDCoGeneralizedPareto):
+        assert sidco._check_device_stages(torch.device("cpu"), variant)
+    real = sidco._SIDCo._select_device
+
+    def off_by_one(self, *args):
+        chosen, threshold, spec = real(self, *args)
+        return sidco.Selected(chosen.indices[1:], chosen.values[1:]), threshold, spec
+
+    monkeypatch.setattr(sidco._SIDCo, "_select_device", off_by_one)
+    with pytest.warns(RuntimeWarning, match="device-side stages are unusable.*differs"):
+        assert not sidco._check_device_stages(torch.device("cpu"), sidco.SIDCoExponential)

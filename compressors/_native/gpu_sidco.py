@@ -43,6 +43,7 @@ FLAG_NONFINITE = 1  # the first read's Σ|x| is not finite: a NaN or an Inf
 FLAG_ZERO = 2  # every element is zero
 FLAG_UNSAFE = 4  # mean |x| outside threshold.SAFE_MEAN: the host path rescales first
 FLAG_REDO = 8  # left to the host-driven path (see the module docstring)
+FLAG_OVERFLOW = 16  # with FLAG_REDO: a pool outgrew its buffer (the caller may size them up)
 HEAD = 2  # board[0]: flags, board[1]: the final selection's size; then the thresholds
 SAFE_LOW, SAFE_HIGH = SAFE_MEAN
 REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
@@ -53,6 +54,7 @@ if triton is not None:
     # the constants above as the kernels take them
     _HEAD = tl.constexpr(HEAD)
     _REDO = tl.constexpr(FLAG_REDO)
+    _OVERFLOW = tl.constexpr(FLAG_REDO | FLAG_OVERFLOW)
     _NONFINITE = tl.constexpr(FLAG_NONFINITE)
     _ZERO = tl.constexpr(FLAG_ZERO)
     _UNSAFE = tl.constexpr(FLAG_UNSAFE)
@@ -200,7 +202,7 @@ if triton is not None:
             tl.store(pos_ptr + dst, src, mask=keep)
             tl.store(val_ptr + dst, x, mask=keep)
             if end > cap:
-                tl.atomic_or(board_ptr, _REDO)
+                tl.atomic_or(board_ptr, _OVERFLOW)
 
     @triton.jit(do_not_specialize=["slot", "base_slot", "cap", "base_cap"])
     def _final_check_kernel(board_ptr, t32_ptr, slot, base_slot, total_ptr, cap, base_n_ptr,
@@ -230,13 +232,14 @@ class Pool(NamedTuple):
 
 class Stages:
     """One SIDCo step's device state (see the module docstring): thresholds in `slots`
-    numbered from 0, the first stage's in slot 0."""
+    numbered from 0, the first stage's in slot 0. A pool's buffer holds `room` times the
+    elements expected to pass (and 4096)."""
 
-    def __init__(self, acc: torch.Tensor, slots: int):
+    def __init__(self, acc: torch.Tensor, slots: int, room: float = 4.0):
         if not gpu.supports(acc):
             raise TypeError("Stages takes a contiguous float32 tensor on the current CUDA "
                             "device (or a CPU one under Triton's interpreter)")
-        self.acc = acc
+        self.acc, self.room = acc, room
         self.board = torch.zeros(HEAD + slots, dtype=torch.int64, device=acc.device)
         self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
 
@@ -276,11 +279,11 @@ class Stages:
     def compact(self, src: Pool, slot: int, keep: float, strict: bool = True,
                 cap: int | None = None) -> tuple[Pool, torch.Tensor]:
         """The elements of `src` with |x| > t (≥ t when not strict), t in `slot`, into a
-        new pool of `cap` entries (by default four times the `keep` fraction expected to
+        new pool of `cap` entries (by default `room` times the `keep` fraction expected to
         pass, and 4096; never more than src's); a pool that would outgrow it is flagged.
         Also returns the cumulative hit counts (their last: the size before the cap)."""
         if cap is None:
-            cap = min(src.cap, math.ceil(4 * keep * src.cap) + 4096)
+            cap = min(src.cap, math.ceil(self.room * keep * src.cap) + 4096)
         device = self.acc.device
         nsub = -(-src.cap // SUB)
         counts = torch.empty(nsub, dtype=torch.int32, device=device)
