@@ -60,10 +60,14 @@ def _compile_cases():
     b, sub, tiles = gpu.BLOCK, gpu.SUB, gpu.TILES
     flags2 = [(a, c) for a in (False, True) for c in (False, True)]
     return [
-        (gpu._sub_counts_kernel, f"{x_n} t:fp32 counts_ptr:*i32 nsub:i64 flag_ptr:*i64",
-         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=False) for s, c in flags2]),
-        (gpu._sub_counts_kernel, f"{x_n} t:*fp32 counts_ptr:*i32 nsub:i64 flag_ptr:*i64",
-         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=True) for s, c in flags2]),
+        (gpu._sub_counts_kernel, f"{x_n} n_ptr:*i32 t:fp32 counts_ptr:*i32 nsub:i64 "
+         "flag_ptr:*i64",
+         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=False, N_PTR=False)
+          for s, c in flags2]),
+        (gpu._sub_counts_kernel, f"{x_n} n_ptr:*i64 t:*fp32 counts_ptr:*i32 nsub:i64 "
+         "flag_ptr:*i64",
+         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=True, N_PTR=p)
+          for s, c in flags2 for p in (False, True)]),
         (gpu._select_kernel, f"{x_n} t:fp32 counts_ptr:*i32 ends_ptr:*i64 idx_ptr:*i64 "
          "val_ptr:*fp32 map_ptr:*i64",
          [dict(STRICT=s, VALUES=v, MAPPED=m, SUB=sub, T_PTR=False)
@@ -96,9 +100,6 @@ def _compile_cases():
         (gpu_sidco._fit_kernel, "part_ptr:*fp64 rows:i32 board_ptr:*i64 t32_ptr:*fp32 "
          "slot_in:i32 slot_out:i32 minus_log_bits:i64",
          [dict(FIRST=f, GP=g, R=gpu_sidco.REDUCE) for f, g in flags2]),
-        (gpu_sidco._pool_counts_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
-         "counts_ptr:*i32 nsub:i64",
-         [dict(STRICT=s, N_PTR=p, BLOCK=b, SUB=sub) for s, p in flags2]),
         (gpu_sidco._pool_write_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
          "counts_ptr:*i32 ends_ptr:*i64 pos_ptr:*i64 val_ptr:*fp32 map_ptr:*i64 cap:i64 "
          "board_ptr:*i64",

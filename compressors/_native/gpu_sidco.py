@@ -49,7 +49,7 @@ SAFE_LOW, SAFE_HIGH = SAFE_MEAN
 REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
 
 if triton is not None:
-    from compressors._native.gpu import _exceedances, _hits
+    from compressors._native.gpu import _exceedances, _size, _sub_counts_kernel
 
     # the constants above as the kernels take them
     _HEAD = tl.constexpr(HEAD)
@@ -61,15 +61,6 @@ if triton is not None:
     _SAFE_LOW = tl.constexpr(SAFE_LOW)
     _SAFE_HIGH = tl.constexpr(SAFE_HIGH)
     _CANCEL = tl.constexpr(CANCELLATION)
-
-    @triton.jit
-    def _size(n, n_ptr, N_PTR: tl.constexpr):
-        # the elements of a source: n (acc), or a pool's count read on the device, at
-        # most its buffer's capacity n
-        if N_PTR:
-            return tl.minimum(tl.load(n_ptr), n)
-        else:
-            return n
 
     @triton.jit(do_not_specialize=["n", "slot"])
     def _later_stats_kernel(x_ptr, n, n_ptr, t32_ptr, board_ptr, slot, out_ptr,
@@ -158,19 +149,6 @@ if triton is not None:
         tl.store(t32_ptr + slot_out, new.to(tl.float32))
         if flags != 0:
             tl.atomic_or(board_ptr, flags)
-
-    @triton.jit(do_not_specialize=["n", "slot", "nsub"])
-    def _pool_counts_kernel(x_ptr, n, n_ptr, t32_ptr, slot, counts_ptr, nsub,
-                            STRICT: tl.constexpr, N_PTR: tl.constexpr, BLOCK: tl.constexpr,
-                            SUB: tl.constexpr):
-        # hits per sub-block of SUB elements against the threshold in `slot`
-        pid = tl.program_id(0)
-        size = _size(n, n_ptr, N_PTR)
-        offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        a, hit = _hits(x_ptr, offs, size, tl.load(t32_ptr + slot), STRICT)
-        per_sub = tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK // SUB, SUB)), axis=1)
-        sub = pid.to(tl.int64) * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
-        tl.store(counts_ptr + sub, per_sub, mask=sub < nsub)
 
     @triton.jit(do_not_specialize=["n", "slot", "cap"])
     def _pool_write_kernel(x_ptr, n, n_ptr, t32_ptr, slot, counts_ptr, ends_ptr, pos_ptr,
@@ -288,9 +266,10 @@ class Stages:
         nsub = -(-src.cap // SUB)
         counts = torch.empty(nsub, dtype=torch.int32, device=device)
         n_arg = _count(src)
-        _pool_counts_kernel[_grid(src.cap, BLOCK)](
-            src.values, src.cap, n_arg, self.t32, slot, counts, nsub, STRICT=strict,
-            N_PTR=src.count is not None, BLOCK=BLOCK, SUB=SUB, num_warps=WARPS)
+        _sub_counts_kernel[_grid(src.cap, BLOCK)](
+            src.values, src.cap, n_arg, self.t32[slot:slot + 1], counts, nsub, counts,
+            STRICT=strict, CHECK=False, BLOCK=BLOCK, SUB=SUB, T_PTR=True,
+            N_PTR=src.count is not None, num_warps=WARPS)
         ends = torch.cumsum(counts, 0, dtype=torch.int64)
         positions = torch.empty(cap, dtype=torch.int64, device=device)
         values = torch.empty(cap, dtype=self.acc.dtype, device=device)
