@@ -315,9 +315,7 @@ class _SIDCo(ThresholdSparsifier):
                 return None, 0.0, None
             if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
                 return None
-            stages.set(0, self._gamma_threshold(
-                st.count, st.nonzero, mean, st.log_sum / st.nonzero, ratios[0],
-                lambda: _native.stats(acc, above=0.0, extremes=True).min))
+            stages.set(0, self._first_threshold_native(acc, st, ratios[0]))
         else:
             stages.first(gp=self.first_fit == "gpareto", ratio=ratios[0])
         gp = self.later_fit != "exponential"
@@ -377,25 +375,12 @@ class _SIDCo(ThresholdSparsifier):
         else:
             st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
         check_sum_finite(acc, st.sum, ctx)  # the folded NaN/Inf check (ctx.check_finite)
-        numel = st.count
-        mean = st.sum / numel
+        mean = st.sum / st.count
         if mean == 0.0:
             return None, 0.0, None
         if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
             return None
-        ratio = ratios[0]
-        if first == "exponential":
-            threshold = exponential_quantile(mean, ratio)
-        elif first == "gpareto":
-            mean_g, var = moments_from_sums(
-                mean, st.sumsq / numel,
-                lambda m: _native.stats(acc, shift=m, squares=True).sumsq / numel)
-            threshold = self._gpareto_threshold(
-                lambda: _native.stats(acc, extremes=True).min, 0.0, mean_g, var, ratio)
-        else:
-            threshold = self._gamma_threshold(
-                numel, st.nonzero, mean, st.log_sum / st.nonzero, ratio,
-                lambda: _native.stats(acc, above=0.0, extremes=True).min)
+        threshold = self._first_threshold_native(acc, st, ratios[0])
         # Stage 2 fits the exceedances straight from acc (a stats pass with no output), or
         # from the speculative read; from stage 3 on, a stage reads the exceedances of the
         # last threshold from the current pool: in place (a pass that counts only those
@@ -501,6 +486,25 @@ class _SIDCo(ThresholdSparsifier):
         sum_y = st.sum + mid.sum + mid.count * d
         sumsq_y = st.sumsq + mid.sumsq + 2 * d * mid.sum + mid.count * d * d
         return self._threshold_from_sums(acc, t, t, ratio, n, sum_y, sumsq_y)
+
+    def _first_threshold_native(self, acc: torch.Tensor, st: _native.Stats,
+                                ratio: float) -> float:
+        """Stage 1's threshold from the first read's Stats of acc (its mean checked
+        nonzero and within SAFE_MEAN): Σ|x|, with Σx² for a GP fit or the nonzeros and
+        Σ ln|x| for a gamma one (a further pass only under cancellation or in degenerate
+        cases)."""
+        numel = st.count
+        mean = st.sum / numel
+        if self.first_fit == "exponential":
+            return exponential_quantile(mean, ratio)
+        if self.first_fit == "gpareto":
+            mean_g, var = moments_from_sums(
+                mean, st.sumsq / numel,
+                lambda m: _native.stats(acc, shift=m, squares=True).sumsq / numel)
+            return self._gpareto_threshold(
+                lambda: _native.stats(acc, extremes=True).min, 0.0, mean_g, var, ratio)
+        return self._gamma_threshold(numel, st.nonzero, mean, st.log_sum / st.nonzero, ratio,
+                                     lambda: _native.stats(acc, above=0.0, extremes=True).min)
 
     def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float,
                                 above: float | None = None) -> float | None:
