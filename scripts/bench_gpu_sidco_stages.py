@@ -26,11 +26,8 @@ sys.path.insert(0, ".")
 import compressors  # noqa: E402
 from compressors import sidco  # noqa: E402
 from compressors.base import Context  # noqa: E402
-
-
-def _size(text: str) -> int:
-    scale = {"K": 1_000, "M": 1_000_000}.get(text[-1].upper(), 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
+from repro import sources  # noqa: E402
+from repro.bench import parse_size  # noqa: E402
 
 
 def _sync(device: str) -> None:
@@ -62,11 +59,8 @@ def main() -> int:
     device = args.device
     rows = []
     for text in args.sizes.split(","):
-        n = _size(text)
-        g = torch.Generator().manual_seed(n)
-        u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
-        acc = (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32).to(device)
-        del u
+        n = parse_size(text)
+        acc = sources.synthetic("laplace", n, 1, 0, 0)[0].to(device)  # repro bench's default
         magnitudes = acc.abs()
         k = max(1, int(args.ratio * n))
         for name in args.compressor.split(","):
