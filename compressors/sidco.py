@@ -293,22 +293,44 @@ class _SIDCo(ThresholdSparsifier):
             return self._select_device(acc, ratios, ctx, k)
         return self._select_host(acc, ratios, ctx, k)
 
-    def _select_device(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
+    def _select_device(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int,
+                       speculate: bool = True):
         """_select_host's stages with no host synchronisation between them
         (compressors/_native/gpu_sidco.py): the same fits, compactions (COMPACT_BELOW)
         and final selection, the thresholds fitted on the device, one copy to the host at
         the end. SIDCo-P's gamma stage is fitted on the host (scipy), its later ones on the
         device. What the device path flags (a GP fit under cancellation or at a point mass,
         a pool past its buffer, a final threshold not above its pool's) is redone by
-        _select_host: the same selection either way. Returns what _select_host does."""
+        _select_host: the same selection either way.
+
+        When the previous steps' thresholds are known (as for _select_host's speculative
+        read), the first read of acc also keeps the elements near the guessed first
+        threshold and those above the guessed second one, in acc's order
+        (Stages.speculate): stage 2 is fitted from them and the later stages read that
+        pool, so acc is read once. Where the guess did not hold (flagged on the device),
+        the step is redone without it. Returns what _select_host does."""
         from compressors._native import gpu_sidco as dev  # noqa: PLC0415 (imports triton)
 
         # pools sized from the shares expected to pass, times `room`: doubled for later
         # steps (up to DEVICE_ROOM_MAX) each time one outgrew its buffer
         room = ctx.state.get("device_room", DEVICE_ROOM)
-        stages = dev.Stages(acc, len(ratios), room)
+        bounds = None
+        if speculate and acc.numel() < dev.SPEC_LIMIT:
+            bounds = self._speculation_bounds(ratios, ctx)
+        last = len(ratios) - 1
+        stages = dev.Stages(acc, len(ratios) + (bounds is not None), room)
+        gp = self.later_fit != "exponential"
+        spec = None
+        if bounds is not None:
+            spec = stages.speculate(*bounds, pa_slot=last + 1,
+                                    squares=self.first_fit == "gpareto", mid_squares=gp,
+                                    logs=self.first_fit == "gamma",
+                                    **_speculation_shares(ratios))
         if self.first_fit == "gamma":
-            st = _native.stats(acc, logs=True)
+            if spec is None:
+                st = _native.stats(acc, logs=True)
+            else:
+                st = _native.Stats(*dev.gpu.reduce_stats(spec.part))
             check_sum_finite(acc, st.sum, ctx)
             mean = st.sum / st.count
             if mean == 0.0:
@@ -316,12 +338,17 @@ class _SIDCo(ThresholdSparsifier):
             if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
                 return None
             stages.set(0, self._first_threshold_native(acc, st, ratios[0]))
-        else:
+        elif spec is None:
             stages.first(gp=self.first_fit == "gpareto", ratio=ratios[0])
-        gp = self.later_fit != "exponential"
-        src, base, base_slot = stages.source(), None, 0
-        share = ratios[0] * ratios[1] if len(ratios) > 1 else 1.0
-        for slot, ratio in enumerate(ratios[1:], start=1):
+        else:
+            stages.first_from(spec, gp=self.first_fit == "gpareto", ratio=ratios[0])
+        if spec is None:
+            src, base, base_slot, after = stages.source(), None, 0, 1
+            share = ratios[0] * ratios[1] if len(ratios) > 1 else 1.0
+        else:  # stage 2 from the read; the later ones from its pool (|x| > pool_above)
+            stages.second_from(spec, gp=gp, ratio=ratios[1])
+            src, base, base_slot, after, share = spec.pool, spec.pool, last + 1, 2, 1.0
+        for slot, ratio in enumerate(ratios[after:], start=after):
             above = True
             if slot >= 2 and (base is None or share <= COMPACT_BELOW):
                 src, _ = stages.compact(src, slot - 1, share)
@@ -329,7 +356,6 @@ class _SIDCo(ThresholdSparsifier):
             stages.later(src, slot - 1, slot, above=above, gp=gp, ratio=ratio)
             if slot >= 2:
                 share *= ratio
-        last = len(ratios) - 1
         if base is None:  # one or two stages: from acc, about k of it
             out = stages.final(src, last, None, 0, cap=math.ceil(room * k) + 4096)
         else:
@@ -341,12 +367,19 @@ class _SIDCo(ThresholdSparsifier):
             return None, 0.0, None
         if flags & dev.FLAG_UNSAFE:
             return None
-        if flags & dev.FLAG_REDO:
-            if flags & dev.FLAG_OVERFLOW:
-                ctx.state["device_room"] = min(2 * room, DEVICE_ROOM_MAX)
+        if flags & dev.FLAG_OVERFLOW:
+            ctx.state["device_room"] = min(2 * room, DEVICE_ROOM_MAX)
+        if flags & dev.FLAG_MISS:  # the guess did not hold: no speculation next step either
+            ctx.state["speculation"]["would_hold"] = False
+            found = self._select_device(acc, ratios, ctx, k, speculate=False)
+            return found if found is None else (*found[:2], False)
+        if flags & dev.FLAG_REDO:  # (which keeps the thresholds for the next guess)
             return self._select_host(acc, ratios, ctx, k)
+        if len(ratios) > 1 and thresholds[1] != thresholds[0]:  # (equal: nothing exceeded)
+            self._remember(ctx, thresholds[0], thresholds[1], ratios)
         indices = out.positions[:total].clone()
-        return Selected(indices, out.values[:total].clone()), thresholds[last], None
+        hit = None if spec is None else True
+        return Selected(indices, out.values[:total].clone()), thresholds[last], hit
 
     def _select_host(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
@@ -363,7 +396,10 @@ class _SIDCo(ThresholdSparsifier):
         held: None when not tried), or None when the data need the reference path's
         rescaling."""
         first = self.first_fit
-        bounds = self._speculation_bounds(acc, ratios, ctx)
+        bounds = None
+        if (acc.dtype == torch.float32 and acc.device.type == "cpu" and acc.is_contiguous()
+                and acc.numel() < _native.NARROW_LIMIT):
+            bounds = self._speculation_bounds(ratios, ctx)
         spec = None
         if bounds is not None:
             # Σ squares for a GP first stage, mid's for its GP fit; logs for a gamma one
@@ -434,17 +470,15 @@ class _SIDCo(ThresholdSparsifier):
 
     # -- speculation from the previous step --------------------------------------------
 
-    def _speculation_bounds(self, acc: torch.Tensor, ratios: list[float], ctx: Context):
-        """(window, upper, pool_above) for _native.sidco_spec around this step's guess of
-        the first two thresholds, or None: no speculation on the first steps, after a
-        change of the stage ratios, when the last guess would not have held (thresholds
-        on the move: a miss costs more than the plain reads), and for other inputs than
-        contiguous CPU float32 below 2^31 elements."""
+    def _speculation_bounds(self, ratios: list[float], ctx: Context):
+        """(window, upper, pool_above) for a speculative first read (_native.sidco_spec on
+        the CPU, gpu_sidco's on CUDA) around this step's guess of the first two thresholds,
+        or None: no speculation on the first steps, after a change of the stage ratios, or
+        when the last guess would not have held (thresholds on the move: a miss costs more
+        than the plain reads). The callers take only the inputs their read supports."""
         history = ctx.state.get("speculation")
         if (history is None or not history["would_hold"] or len(ratios) < 2
-                or history["ratios"] != tuple(ratios[:2]) or acc.dtype != torch.float32
-                or acc.device.type != "cpu" or not acc.is_contiguous()
-                or acc.numel() >= _native.NARROW_LIMIT):
+                or history["ratios"] != tuple(ratios[:2])):
             return None
         first, second = _guess(history["thresholds"])
         bounds = _bounds(first, second)
@@ -566,20 +600,34 @@ def _check_device_stages(device: torch.device, variant: type) -> bool:
     problem = None
     try:
         g = torch.Generator().manual_seed(5)
-        u = torch.rand(300_007, generator=g, dtype=torch.float64) - 0.5
-        acc = (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32).to(device)
+
+        def laplace(n: int) -> torch.Tensor:
+            u = torch.rand(n, generator=g, dtype=torch.float64) - 0.5
+            return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32)
+
+        base = laplace(300_007)
         for ratio in (0.001, 0.05):
             sidco = variant(ratio=ratio)
-            k = max(1, int(ratio * acc.numel()))
+            k = max(1, int(ratio * base.numel()))
             ratios = stage_ratios(ratio, sidco.first_stage_ratio, sidco.initial_stages)
-            ctx = Context(rank=0, world_size=1, step=0, name="check", state={},
-                          generator=g, shared_seed=0)
-            got = sidco._select_device(acc, ratios, ctx, k)
-            want = sidco._select_host(acc, ratios, ctx, k)
-            same = (_same_selection(got[0], want[0])
-                    and abs(got[1] - want[1]) <= 1e-12 * abs(want[1]))
-            if not same:
-                problem = f"its selection at ratio {ratio} differs from the host-driven path's"
+            on_device, on_host = (Context(rank=0, world_size=1, step=0, name="check",
+                                          state={}, generator=g, shared_seed=0)
+                                  for _ in range(2))
+            # three steps of a growing gradient: the third is read speculatively
+            speculated = False
+            for step in range(3):
+                acc = (base * (1 + 0.02 * step) + 0.1 * laplace(base.numel())).to(device)
+                got = sidco._select_device(acc, ratios, on_device, k)
+                want = sidco._select_host(acc, ratios, on_host, k)
+                if not (_same_selection(got[0], want[0])
+                        and abs(got[1] - want[1]) <= 1e-12 * abs(want[1])):
+                    problem = (f"its selection at ratio {ratio}, step {step} differs from the "
+                               "host-driven path's")
+                    break
+                speculated |= got[2] is True
+            if problem is None and not speculated:
+                problem = f"its speculative read was not taken at ratio {ratio}"
+            if problem is not None:
                 break
     except Exception as exc:  # noqa: BLE001 (whatever fails: report it, use the host path)
         problem = f"{type(exc).__name__}: {exc}"
@@ -620,6 +668,15 @@ class _Speculative(NamedTuple):
     positions: _native.StreamPositions  # acc positions of the stream (index_select)
     values: torch.Tensor  # their acc (signed): |acc| > pool_above
     window_values: torch.Tensor  # acc at window ≤ |acc| < upper (no positions: not sent)
+
+
+def _speculation_shares(ratios: list[float]) -> dict:
+    """The fractions of acc expected in the device read's window and pool (their
+    buffers' sizes): for an exponential tail fitted at stage 1's and stage 2's ratios,
+    δ₁·(δ₁^−m − δ₁^m) near the first threshold and (δ₁δ₂)^(1−m) above (1 − m) times the
+    second, m = SPECULATION_MARGIN."""
+    m, first, both = SPECULATION_MARGIN, ratios[0], ratios[0] * ratios[1]
+    return {"keep_window": first * (first ** -m - first ** m), "keep_pool": both ** (1 - m)}
 
 
 def _guess(thresholds: list[tuple[float, float]]) -> tuple[float, float]:

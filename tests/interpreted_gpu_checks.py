@@ -460,6 +460,117 @@ def test_sidco_device_stages_copy_to_the_host_once(monkeypatch, name):
     s, ratios, ctx = _sidco(name, 0.001)
     got = s._select_device(_laplace(123_457, seed=3), ratios, ctx(), 123)
     assert len(ratios) == 5 and got[0].indices.numel() > 0 and reads == [1]
+    # and so does a step whose first read is speculative
+    state = ctx()
+    taken = [s._select_device(g, ratios, state, 123)[2] for g in _growing(123_457, 3)]
+    assert taken == [None, None, True] and reads == [1] * 4
+
+
+def _growing(n: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
+    """A gradient that grows 2% a step, plus fresh noise: thresholds a guess can follow."""
+    base = _laplace(n, seed=seed)
+    return [base * (1 + 0.02 * step) + 0.1 * _laplace(n, seed=seed + 1 + step)
+            for step in range(steps)]
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01])
+def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, ratio):
+    from compressors import sidco
+
+    s, ratios, ctx = _sidco(name, ratio)
+    on_device, on_host = ctx(), ctx()
+    n = 3 * 4096 * 5 + 77  # many tiles of the read, the last one ragged
+    k = max(1, int(ratio * n))
+    taken = []
+    for acc in _growing(n, 5):
+        got, threshold, speculated = s._select_device(acc, ratios, on_device, k)
+        want, host_threshold, _ = s._select_host(acc, ratios, on_host, k)
+        ref, ref_threshold = s._select_reference(acc, ratios)
+        assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
+        assert sidco._same_selection(got, want)
+        assert threshold == pytest.approx(host_threshold, rel=1e-12)
+        assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+        taken.append(speculated)
+    # no history on the first two steps; the guess held on the others
+    assert taken == [None, None, True, True, True]
+
+
+def test_sidco_device_speculation_that_misses_is_redone_without_it():
+    from compressors import sidco
+
+    s, ratios, ctx = _sidco("sidco_gp", 0.001)
+    state = ctx()
+    grads = _growing(123_457, 4, seed=3)
+    grads[3] = grads[3] * 3  # thresholds 3× the guess: outside its window
+    taken = [s._select_device(acc, ratios, state, 123)[2] for acc in grads[:3]]
+    assert taken == [None, None, True]
+    got, threshold, speculated = s._select_device(grads[3], ratios, state, 123)
+    ref, ref_threshold = s._select_reference(grads[3], ratios)
+    assert speculated is False and torch.equal(got.indices, ref)
+    assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+    assert not state.state["speculation"]["would_hold"]  # none on the next step
+    assert s._select_device(grads[3], ratios, state, 123)[2] is None
+
+
+def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
+    from compressors._native import gpu, gpu_sidco as dev
+
+    n = 7 * 4096 + 1234
+    x = _laplace(n, seed=21)
+    x[100] = x[5000] = 0.0
+    a = x.abs()
+    w, u, pa = (float(a.kthvalue(int(q * n)).values) for q in (0.70, 0.80, 0.93))
+    stages = dev.Stages(x, 3)
+    spec = stages.speculate(w, u, pa, pa_slot=2, squares=True, mid_squares=True, logs=True,
+                            keep_window=0.1, keep_pool=0.07)
+    window = (a >= w) & (a < u)
+    pool = torch.nonzero(a > pa).squeeze(1)
+    nw, npool = int(window.sum()), pool.numel()
+    assert spec.window.count.tolist() == [nw] and spec.pool.count.tolist() == [npool]
+    assert torch.equal(spec.window.values[:nw], a[window])
+    assert torch.equal(spec.pool.positions[:npool], pool)
+    assert torch.equal(spec.pool.values[:npool], x[pool])  # signed
+    # stage 1's partials reduce to gpu.stats' (nonzeros and logs too), and the mid's to
+    # the sums of z = |x| − u over |x| ≥ u
+    want = gpu.stats(x, squares=True, logs=True)
+    got = gpu.reduce_stats(spec.part)
+    assert got[0] == want[0] and got[5] == want[5] == n - 2
+    for i in (1, 2, 6):
+        assert got[i] == pytest.approx(want[i], rel=1e-12)
+    z = a[a >= u].double() - u
+    mid = spec.mid.sum(dim=1)
+    assert int(mid[0]) == z.numel()
+    assert float(mid[1]) == pytest.approx(float(z.sum()), rel=1e-12)
+    assert float(mid[2]) == pytest.approx(float((z * z).sum()), rel=1e-12)
+    flags, _, thresholds = stages.read()
+    assert flags == 0 and thresholds[2] == pa  # the pool's bound, for the final check
+    # buffers too small: flagged, with no write past them
+    stages = dev.Stages(x, 3, room=0.0)
+    spec = stages.speculate(w * 0.5, u, pa * 0.5, pa_slot=2, squares=False,
+                            mid_squares=False, logs=False, keep_window=0.0, keep_pool=0.0)
+    assert spec.window.cap == spec.pool.cap == 4096
+    assert stages.read()[0] == dev.FLAG_REDO | dev.FLAG_OVERFLOW
+
+
+def test_sidco_device_speculative_read_flags_nan_and_overflow():
+    from compressors import sidco
+    from compressors._native import NonFinite
+
+    s, ratios, ctx = _sidco("sidco_e", 0.001)
+    grads = _growing(123_457, 4, seed=5)
+    state = ctx(check_finite=True)
+    assert [s._select_device(g, ratios, state, 123)[2] for g in grads[:3]] == [None, None, True]
+    bad = grads[3].clone()
+    bad[4321] = float("inf")
+    with pytest.raises(NonFinite):
+        s._select_device(bad, ratios, state, 123)
+    # a pool past its buffer: the host path's selection, and more room for later steps
+    state.state["device_room"] = 1e-6
+    got = s._select_device(grads[3], ratios, state, 123)
+    ref, _ = s._select_reference(grads[3], ratios)
+    assert torch.equal(got[0].indices.long(), ref)
+    assert state.state["device_room"] == 2e-6
 
 
 def test_sidco_device_stages_check_passes_and_catches_a_wrong_selection(monkeypatch):

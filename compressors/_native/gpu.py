@@ -489,8 +489,14 @@ def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
     """(count, Σy, Σy², max, min, nonzero, Σ ln|x|) as compressors._native.stats defines
     them: one read pass; the programs' partials are added in program order by one small
     kernel on the device, and the 7 results copied to the host (one synchronisation)."""
-    part = stats_partials(x, above, shift, squares, extremes, logs)
-    out = torch.empty(8, dtype=torch.float64, device=x.device)
+    return reduce_stats(stats_partials(x, above, shift, squares, extremes, logs))
+
+
+def reduce_stats(part: torch.Tensor) -> tuple:
+    """`stats`' 7 results from per-program partials (7 × programs, float64, as
+    stats_partials writes them), added in program order on the device, then copied to the
+    host (one synchronisation)."""
+    out = torch.empty(8, dtype=torch.float64, device=part.device)
     _stats_final_kernel[(1,)](part, part.shape[1], out, R=2048, num_warps=8)
     got = out.tolist()
     return (int(got[0]), got[1], got[2], got[3], got[4], int(got[5]), got[6])

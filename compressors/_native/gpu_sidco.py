@@ -44,9 +44,13 @@ FLAG_ZERO = 2  # every element is zero
 FLAG_UNSAFE = 4  # mean |x| outside threshold.SAFE_MEAN: the host path rescales first
 FLAG_REDO = 8  # left to the host-driven path (see the module docstring)
 FLAG_OVERFLOW = 16  # with FLAG_REDO: a pool outgrew its buffer (the caller may size them up)
+FLAG_MISS = 32  # the speculative read's bounds did not hold: redo the step without them
 HEAD = 2  # board[0]: flags, board[1]: the final selection's size; then the thresholds
 SAFE_LOW, SAFE_HIGH = SAFE_MEAN
 REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
+# The speculative read's running counts (window, pool) share one 64-bit word: each < 2^31.
+SPEC_LIMIT = 2**31
+_COUNT_BITS = 31
 
 if triton is not None:
     from compressors._native.gpu import _exceedances, _size, _sub_counts_kernel
@@ -55,6 +59,9 @@ if triton is not None:
     _HEAD = tl.constexpr(HEAD)
     _REDO = tl.constexpr(FLAG_REDO)
     _OVERFLOW = tl.constexpr(FLAG_REDO | FLAG_OVERFLOW)
+    _MISS = tl.constexpr(FLAG_MISS)
+    _BITS = tl.constexpr(_COUNT_BITS)
+    _LOW = tl.constexpr((1 << _COUNT_BITS) - 1)
     _NONFINITE = tl.constexpr(FLAG_NONFINITE)
     _ZERO = tl.constexpr(FLAG_ZERO)
     _UNSAFE = tl.constexpr(FLAG_UNSAFE)
@@ -91,6 +98,105 @@ if triton is not None:
             tl.store(out_ptr + 2 * progs + pid, 0.0)
 
     @triton.jit
+    def _running_offsets(words_ptr, tile, local):
+        # The sum of `local` over the tiles before `tile` (a decoupled look-back, as in
+        # Merrill & Garland's single-pass prefix scan): each tile's word holds its own
+        # count (flag 1) as soon as it has one, then the sum up to and including it (flag
+        # 2); a tile adds its predecessors' words back to the first sum it finds. Tiles
+        # are numbered in the order programs start (_spec_read_kernel's ticket), so every
+        # tile waited on is running or done. Values are packed counts (no field carries
+        # into the next while the counts stay below 2^_BITS), shifted past a 2-bit flag.
+        if tile > 0:
+            tl.atomic_xchg(words_ptr + tile, (local << 2) | 1, sem="relaxed")
+        prefix = tl.zeros((), tl.uint64)
+        target = tile - 1
+        while target >= 0:
+            word = tl.zeros((), tl.uint64)
+            while (word & 3) == 0:
+                word = tl.atomic_add(words_ptr + target, 0, sem="relaxed")
+            prefix += word >> 2
+            if (word & 3) == 2:
+                target = tl.full((), -1, tl.int64)
+            else:
+                target = target - 1
+        tl.atomic_xchg(words_ptr + tile, ((prefix + local) << 2) | 2, sem="relaxed")
+        return prefix
+
+    @triton.jit(do_not_specialize=["n", "u_bits", "pa_bits", "pa_slot", "cap_w", "cap_p"])
+    def _spec_read_kernel(x_ptr, n, w, u, pa, u_bits, pa_bits, pa_slot, part_ptr, mid_ptr,
+                          scratch_ptr,
+                          win_ptr, cap_w, pos_ptr, val_ptr, cap_p, totals_ptr, board_ptr,
+                          t32_ptr, SQUARES: tl.constexpr, MID_SQUARES: tl.constexpr,
+                          LOGS: tl.constexpr, BLOCK: tl.constexpr):
+        # The speculative first read: one pass over acc, one tile of BLOCK per program.
+        # - stage 1's partials (gpu._stats_kernel's 7 rows, without extremes) and those of
+        #   z = |x| − u over |x| ≥ u (count, Σz, Σz²), in column `tile`;
+        # - the window w ≤ |x| < u (|x|, for stage 2's fit) and the pool |x| > pa (acc's
+        #   positions and signed values), each compacted in acc's order, at most cap_w /
+        #   cap_p entries (a pool past its buffer is flagged); their sizes into totals;
+        # - pa into `pa_slot` (the pool's bound, for the final check).
+        # w, u, pa: float32; u_bits, pa_bits: u and pa as float64 bits.
+        tile = tl.atomic_add(scratch_ptr, 1)  # int64: the tiles in the order programs start
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < n
+        x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+        a = tl.abs(x)
+        af = a.to(tl.float64)
+        nz = inside & (a > 0.0)
+        above = inside & (a >= u)
+        z = tl.where(above, af - u_bits.to(tl.int64).to(tl.float64, bitcast=True), 0.0)
+        win = inside & (a >= w) & (a < u)
+        hit = inside & (a > pa)
+        hw = win.to(tl.int32)
+        hp = hit.to(tl.int32)
+        cw = tl.sum(hw, axis=0)
+        cp = tl.sum(hp, axis=0)
+        words = (scratch_ptr + 1).to(tl.pointer_type(tl.uint64))
+        local = (cp.to(tl.uint64) << _BITS) | cw.to(tl.uint64)
+        before = _running_offsets(words, tile, local)
+        start_w = (before & _LOW).to(tl.int64)
+        start_p = (before >> _BITS).to(tl.int64)
+        dst = start_w + (tl.cumsum(hw, axis=0) - hw).to(tl.int64)
+        tl.store(win_ptr + dst, a, mask=win & (dst < cap_w))
+        dst = start_p + (tl.cumsum(hp, axis=0) - hp).to(tl.int64)
+        keep = hit & (dst < cap_p)
+        tl.store(pos_ptr + dst, offs, mask=keep)
+        tl.store(val_ptr + dst, x, mask=keep)
+        end_w = start_w + cw
+        end_p = start_p + cp
+        if (end_w > cap_w) | (end_p > cap_p):
+            tl.atomic_or(board_ptr, _OVERFLOW)
+        progs = tl.num_programs(0)
+        if tile == progs - 1:
+            tl.store(totals_ptr, end_w)
+            tl.store(totals_ptr + 1, end_p)
+        if tile == 0:
+            tl.store(t32_ptr + pa_slot, pa)
+            tl.store(board_ptr + _HEAD + pa_slot, pa_bits.to(tl.int64))
+        base = part_ptr + tile
+        tl.store(base, tl.sum(inside.to(tl.int32), axis=0).to(tl.float64))
+        tl.store(base + progs, tl.sum(af, axis=0))
+        if SQUARES:
+            tl.store(base + 2 * progs, tl.sum(af * af, axis=0))
+        else:
+            tl.store(base + 2 * progs, 0.0)
+        tl.store(base + 3 * progs, -1.0)
+        tl.store(base + 4 * progs, float("inf"))
+        if LOGS:
+            tl.store(base + 5 * progs, tl.sum(nz.to(tl.int32), axis=0).to(tl.float64))
+            lg = tl.where(nz, tl.log(tl.where(nz, a, 1.0).to(tl.float64)), 0.0)
+            tl.store(base + 6 * progs, tl.sum(lg, axis=0))
+        else:
+            tl.store(base + 5 * progs, 0.0)
+            tl.store(base + 6 * progs, 0.0)
+        tl.store(mid_ptr + tile, tl.sum(above.to(tl.int32), axis=0).to(tl.float64))
+        tl.store(mid_ptr + progs + tile, tl.sum(z, axis=0))
+        if MID_SQUARES:
+            tl.store(mid_ptr + 2 * progs + tile, tl.sum(z * z, axis=0))
+        else:
+            tl.store(mid_ptr + 2 * progs + tile, 0.0)
+
+    @triton.jit
     def _expm1(x):
         # e^x − 1 without cancellation for small x (Kahan's: (u − 1)·x / ln u, u = e^x);
         # libdevice's expm1 is not in Triton's CPU interpreter
@@ -98,14 +204,9 @@ if triton is not None:
         um1 = u - 1.0
         return tl.where(u == 1.0, x, tl.where(um1 == -1.0, -1.0, um1 * x / tl.log(u)))
 
-    @triton.jit(do_not_specialize=["rows", "slot_in", "slot_out", "minus_log_bits"])
-    def _fit_kernel(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, minus_log_bits,
-                    FIRST: tl.constexpr, GP: tl.constexpr, R: tl.constexpr):
-        # one program: the partials (count, Σy, Σy² rows of `rows` columns) added in
-        # program order, then the stage's threshold into `slot_out`: compressors/sidco.py's
-        # exponential_quantile or _gpareto_threshold, in the same float64 operations.
-        # FIRST: stage 1 (location 0, its flags); else y = |x| − t, t in `slot_in`, and a
-        # stage with no exceedance keeps t.
+    @triton.jit
+    def _add_partials(part_ptr, rows, R: tl.constexpr):
+        # the first three rows (count, Σy, Σy²) of `rows` columns, added in column order
         cnt = tl.zeros((), tl.float64)
         s1 = tl.zeros((), tl.float64)
         s2 = tl.zeros((), tl.float64)
@@ -115,13 +216,39 @@ if triton is not None:
             cnt += tl.sum(tl.load(part_ptr + r, mask=inside, other=0.0), axis=0)
             s1 += tl.sum(tl.load(part_ptr + rows + r, mask=inside, other=0.0), axis=0)
             s2 += tl.sum(tl.load(part_ptr + 2 * rows + r, mask=inside, other=0.0), axis=0)
+        return cnt, s1, s2
+
+    @triton.jit(do_not_specialize=["rows", "slot_in", "slot_out", "minus_log_bits",
+                                   "mid_rows", "u_bits"])
+    def _fit_kernel(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, minus_log_bits,
+                    mid_ptr, mid_rows, w, u, pa, u_bits, FIRST: tl.constexpr, GP: tl.constexpr,
+                    MID: tl.constexpr, R: tl.constexpr):
+        # one program: the partials (count, Σy, Σy² rows of `rows` columns) added in
+        # program order, then the stage's threshold into `slot_out`: compressors/sidco.py's
+        # exponential_quantile or _gpareto_threshold, in the same float64 operations.
+        # FIRST: stage 1 (location 0, its flags); else y = |x| − t, t in `slot_in`, and a
+        # stage with no exceedance keeps t.
+        # MID: stage 2 from the speculative read (_spec_read_kernel): the partials are
+        # the window's (w ≤ |x| < u), mid_ptr's those of z = |x| − u over |x| ≥ u; the
+        # step is flagged MISS unless w ≤ t < u, something exceeds t and the new
+        # threshold is at least pa (the pool's bound), all as float32
+        cnt, s1, s2 = _add_partials(part_ptr, rows, R)
         minus_log = minus_log_bits.to(tl.int64).to(tl.float64, bitcast=True)  # −ln δ_m
         if FIRST:
             t = tl.zeros((), tl.float64)
         else:
             t = tl.load(board_ptr + _HEAD + slot_in).to(tl.float64, bitcast=True)
-        mean = s1 / cnt
         flags = tl.zeros((), tl.int64)
+        if MID:
+            mc, m1, m2 = _add_partials(mid_ptr, mid_rows, R)
+            t_in = tl.load(t32_ptr + slot_in)
+            d = u_bits.to(tl.int64).to(tl.float64, bitcast=True) - t  # y = z + d above u
+            cnt += mc
+            s1 = s1 + m1 + mc * d
+            s2 = s2 + m2 + 2 * d * m1 + mc * d * d
+            inside = (t_in >= w) & (u > t_in) & (cnt > 0)
+            flags |= tl.where(inside, 0, _MISS).to(tl.int64)
+        mean = s1 / cnt
         if GP:
             var = s2 / cnt - mean * mean
             # (1e-2·mean)·mean in the host's order; at or below it, moments_from_sums takes
@@ -145,6 +272,8 @@ if triton is not None:
             # nothing exceeds t: the host path stops its stages, its threshold stays t
             new = tl.where(cnt > 0, new, t)
             flags = tl.where(cnt > 0, flags, 0)
+            if MID:
+                flags |= tl.where((cnt > 0) & (new.to(tl.float32) >= pa), 0, _MISS).to(tl.int64)
         tl.store(board_ptr + _HEAD + slot_out, new.to(tl.int64, bitcast=True))
         tl.store(t32_ptr + slot_out, new.to(tl.float32))
         if flags != 0:
@@ -208,6 +337,18 @@ class Pool(NamedTuple):
     cap: int
 
 
+class Speculative(NamedTuple):
+    """What the speculative first read found (Stages.speculate): stage 1's partials
+    (gpu.stats_partials' rows), those of z = |x| − upper over |x| ≥ upper (3 rows), the
+    bounds as float32 (window, upper, pool_above), the window's |x| and the pool."""
+
+    part: torch.Tensor
+    mid: torch.Tensor
+    bounds: tuple[float, float, float]
+    window: Pool
+    pool: Pool
+
+
 class Stages:
     """One SIDCo step's device state (see the module docstring): thresholds in `slots`
     numbered from 0, the first stage's in slot 0. A pool's buffer holds `room` times the
@@ -236,7 +377,7 @@ class Stages:
         self._fit(part, 0, 0, first=True, gp=gp, ratio=ratio)
 
     def later(self, src: Pool, slot_in: int, slot_out: int, above: bool, gp: bool,
-              ratio: float) -> None:
+              ratio: float, spec: Speculative | None = None) -> None:
         """A later stage: fit y = |x| − t over the elements of `src` above t (all of them
         when not `above`: a pool compacted at t), t in slot_in; the result into slot_out."""
         grid = _grid(src.cap, BLOCK * TILES)
@@ -245,14 +386,62 @@ class Stages:
                                   slot_in, part, HAS_ABOVE=above, SQUARES=gp,
                                   N_PTR=src.count is not None, BLOCK=BLOCK, TILES=TILES,
                                   num_warps=WARPS)
-        self._fit(part, slot_in, slot_out, first=False, gp=gp, ratio=ratio)
+        self._fit(part, slot_in, slot_out, first=False, gp=gp, ratio=ratio, spec=spec)
 
     def _fit(self, part: torch.Tensor, slot_in: int, slot_out: int, first: bool, gp: bool,
-             ratio: float) -> None:
+             ratio: float, spec: Speculative | None = None) -> None:
         # part: count, Σy, Σy² in its first three rows (gpu.stats_partials has seven)
+        mid = part if spec is None else spec.mid
+        w, u, pa = (0.0, 0.0, 0.0) if spec is None else spec.bounds
         _fit_kernel[(1,)](part, part.shape[1], self.board, self.t32, slot_in, slot_out,
-                          _f64_bits(-math.log(ratio)), FIRST=first, GP=gp, R=REDUCE,
-                          num_warps=8)
+                          _f64_bits(-math.log(ratio)), mid, mid.shape[1], w, u, pa,
+                          _f64_bits(u),
+                          FIRST=first, GP=gp, MID=spec is not None, R=REDUCE, num_warps=8)
+
+    def speculate(self, window: float, upper: float, pool_above: float, pa_slot: int,
+                  squares: bool, mid_squares: bool, logs: bool,
+                  keep_window: float, keep_pool: float) -> Speculative:
+        """The speculative first read of acc (_spec_read_kernel) with bounds from the
+        previous steps (float32 as the comparisons see them): stage 1's partials (7 rows,
+        Σx² when `squares`, nonzeros and Σ ln|x| when `logs`), the exceedances of `upper`
+        (Σz² when `mid_squares`), the window [window, upper) and the pool |x| > pool_above,
+        in buffers of `room` times the fractions `keep_window` and `keep_pool` expected
+        there (and 4096). pool_above goes into `pa_slot`. acc must hold < SPEC_LIMIT
+        elements."""
+        acc, device = self.acc, self.acc.device
+        n = acc.numel()
+        if n >= SPEC_LIMIT:
+            raise ValueError(f"the speculative read takes fewer than 2^31 elements, not {n}")
+        progs = -(-n // BLOCK)
+        cap_w = min(n, math.ceil(self.room * keep_window * n) + 4096)
+        cap_p = min(n, math.ceil(self.room * keep_pool * n) + 4096)
+        part = torch.empty((gpu._STATS, progs), dtype=torch.float64, device=device)
+        mid = torch.empty((3, progs), dtype=torch.float64, device=device)
+        scratch = torch.zeros(progs + 1, dtype=torch.int64, device=device)
+        win = torch.empty(cap_w, dtype=acc.dtype, device=device)
+        positions = torch.empty(cap_p, dtype=torch.int64, device=device)
+        values = torch.empty(cap_p, dtype=acc.dtype, device=device)
+        totals = torch.empty(2, dtype=torch.int64, device=device)
+        bounds = (_f32(window), _f32(upper), _f32(pool_above))
+        _spec_read_kernel[(progs,)](acc, n, *bounds, _f64_bits(bounds[1]),
+                                    _f64_bits(bounds[2]), pa_slot, part, mid, scratch, win,
+                                    cap_w,
+                                    positions, values, cap_p, totals, self.board, self.t32,
+                                    SQUARES=squares, MID_SQUARES=mid_squares, LOGS=logs,
+                                    BLOCK=BLOCK, num_warps=WARPS)
+        return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
+                           Pool(values, positions, totals[1:2], cap_p))
+
+    def first_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
+        """Stage 1 into slot 0 from the speculative read's partials (as `first`)."""
+        self._fit(spec.part, 0, 0, first=True, gp=gp, ratio=ratio)
+
+    def second_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
+        """Stage 2 into slot 1 from the speculative read: the window's exceedances of
+        stage 1's threshold and those above the window; flags MISS where the bounds did
+        not hold (stage 1's threshold outside [window, upper), nothing above it, or stage
+        2's below the pool's bound)."""
+        self.later(spec.window, 0, 1, above=True, gp=gp, ratio=ratio, spec=spec)
 
     def compact(self, src: Pool, slot: int, keep: float, strict: bool = True,
                 cap: int | None = None) -> tuple[Pool, torch.Tensor]:
