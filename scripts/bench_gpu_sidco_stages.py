@@ -1,10 +1,13 @@
-"""SIDCo's two CUDA paths side by side: the stages driven from the host (a copy to the host
-after every stage: sidco._select_host) and the stages with their thresholds kept on the
-device (one copy at the end: sidco._select_device, compressors/_native/gpu_sidco.py).
-Alternating rounds in one process on the same gradient; per round the median wall time of
-`--steps` calls of each (each call ends with the copy to the host that both paths make,
-so the time is the device's and the host's together), and the one-read floor (a sum of a
-precomputed |x|, synchronised). From the repository root, on a machine with a GPU:
+"""SIDCo's CUDA paths side by side: the stages driven from the host (a copy to the host
+after every stage: sidco._select_host), the stages with their thresholds kept on the
+device (one copy at the end: sidco._select_device, compressors/_native/gpu_sidco.py)
+without the speculative first read ("plain") and with it ("device": one read of acc once
+the previous steps' thresholds are known; the same gradient every call, so the guess
+holds). Rounds in one process on the same gradient, the paths' order rotated; per round
+the median wall time of `--steps` calls of each (each call ends with the copy to the
+host that every path makes, so the time is the device's and the host's together), and
+the one-read floor (a sum of a precomputed |x|, synchronised). From the repository root,
+on a machine with a GPU:
 
     python scripts/bench_gpu_sidco_stages.py --sizes 26M,128M --rounds 5 --steps 30 \\
         --json results/bench/OUT.json
@@ -46,6 +49,15 @@ def _median_ms(fn, steps: int, device: str) -> float:
     return statistics.median(times)
 
 
+PATHS = ("host", "plain", "device")
+
+
+def _call(s, path: str, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
+    if path == "host":
+        return s._select_host(acc, ratios, ctx, k)
+    return s._select_device(acc, ratios, ctx, k, speculate=path == "device")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="26M,128M")
@@ -66,26 +78,30 @@ def main() -> int:
         for name in args.compressor.split(","):
             s = compressors.build(name, ratio=args.ratio)
             ratios = sidco.stage_ratios(args.ratio, s.first_stage_ratio, s.initial_stages)
-            ctx = Context(rank=0, world_size=1, step=0, name="g", state={},
-                          generator=torch.Generator(), shared_seed=0)
-            host = s._select_host(acc, ratios, ctx, k)
-            dev = s._select_device(acc, ratios, ctx, k)
-            same = sidco._same_selection(host[0], dev[0])
+            contexts = {path: Context(rank=0, world_size=1, step=0, name="g", state={},
+                                      generator=torch.Generator(), shared_seed=0)
+                        for path in PATHS}
+            got = {path: _call(s, path, acc, ratios, contexts[path], k) for path in PATHS}
+            for _ in range(2):  # the third call's first read is speculative (two steps known)
+                got["device"] = _call(s, "device", acc, ratios, contexts["device"], k)
+            same = all(sidco._same_selection(got["host"][0], got[p][0]) for p in PATHS)
             for r in range(args.rounds):
                 floor = _median_ms(magnitudes.sum, args.steps, device)
-                pair = {}
-                order = ("host", "device") if r % 2 == 0 else ("device", "host")
-                for path in order:
-                    fn = s._select_host if path == "host" else s._select_device
-                    call = (lambda fn=fn, acc=acc, ratios=ratios, ctx=ctx, k=k:
-                            fn(acc, ratios, ctx, k))
-                    pair[path] = _median_ms(call, args.steps, device)
+                times = {}
+                for path in PATHS[r % 3:] + PATHS[:r % 3]:
+                    call = (lambda path=path, ctx=contexts[path]:
+                            _call(s, path, acc, ratios, ctx, k))
+                    times[path] = _median_ms(call, args.steps, device)
+                last = _call(s, "device", acc, ratios, contexts["device"], k)
                 row = {"numel": n, "compressor": name, "stages": len(ratios), "round": r,
-                       "floor_ms": round(floor, 4), "host_ms": round(pair["host"], 4),
-                       "device_ms": round(pair["device"], 4),
-                       "host_over_device": round(pair["host"] / pair["device"], 3),
-                       "device_over_floor": round(pair["device"] / floor, 2),
-                       "same_selection": same, "selected": int(dev[0].indices.numel())}
+                       "floor_ms": round(floor, 4),
+                       **{f"{p}_ms": round(times[p], 4) for p in PATHS},
+                       "host_over_device": round(times["host"] / times["device"], 3),
+                       "plain_over_device": round(times["plain"] / times["device"], 3),
+                       "plain_over_floor": round(times["plain"] / floor, 2),
+                       "device_over_floor": round(times["device"] / floor, 2),
+                       "speculated": last[2], "same_selection": same,
+                       "selected": int(got["device"][0].indices.numel())}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     if args.json:
