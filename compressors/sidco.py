@@ -367,18 +367,22 @@ class _SIDCo(ThresholdSparsifier):
             return None, 0.0, None
         if flags & dev.FLAG_UNSAFE:
             return None
+        if flags & dev.FLAG_MISS:
+            # The guess did not hold: the step again without it (what overflowed here may
+            # be the later pools at thresholds fitted from an incomplete window: the redo
+            # sizes its own buffers), and no speculation on the next step either.
+            found = self._select_device(acc, ratios, ctx, k, speculate=False)
+            ctx.state["speculation"]["would_hold"] = False  # (the redo's _remember set it)
+            return found if found is None else (*found[:2], False)
+        hit = None if spec is None else True
         if flags & dev.FLAG_OVERFLOW:
             ctx.state["device_room"] = min(2 * room, DEVICE_ROOM_MAX)
-        if flags & dev.FLAG_MISS:  # the guess did not hold: no speculation next step either
-            ctx.state["speculation"]["would_hold"] = False
-            found = self._select_device(acc, ratios, ctx, k, speculate=False)
-            return found if found is None else (*found[:2], False)
-        if flags & dev.FLAG_REDO:  # (which keeps the thresholds for the next guess)
-            return self._select_host(acc, ratios, ctx, k)
+        if flags & dev.FLAG_REDO:  # (_select_host keeps the thresholds for the next guess)
+            found = self._select_host(acc, ratios, ctx, k)
+            return found if found is None else (*found[:2], hit)
         if len(ratios) > 1 and thresholds[1] != thresholds[0]:  # (equal: nothing exceeded)
             self._remember(ctx, thresholds[0], thresholds[1], ratios)
         indices = out.positions[:total].clone()
-        hit = None if spec is None else True
         return Selected(indices, out.values[:total].clone()), thresholds[last], hit
 
     def _select_host(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):

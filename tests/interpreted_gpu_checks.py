@@ -553,6 +553,32 @@ def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
     assert stages.read()[0] == dev.FLAG_REDO | dev.FLAG_OVERFLOW
 
 
+def test_sidco_device_speculative_read_gives_up_on_a_silent_tile():
+    # A tile whose predecessor never publishes (here: no program takes tile 0, as the
+    # ticket counter starts at 1) stops waiting after SPIN polls and flags the step for
+    # the host path, instead of hanging; its successors go on from its word.
+    from compressors._native import gpu_sidco as dev
+
+    n = 4 * dev.SPEC_BLOCK
+    x = _laplace(n, seed=9)
+    stages = dev.Stages(x, 3)
+    progs = n // dev.SPEC_BLOCK
+    part = torch.empty((7, progs), dtype=torch.float64)
+    mid = torch.empty((3, progs), dtype=torch.float64)
+    scratch = torch.zeros(progs + 1, dtype=torch.int64)
+    scratch[0] = 1
+    buffers = [torch.empty(n), torch.empty(n, dtype=torch.int64), torch.empty(n)]
+    totals = torch.zeros(2, dtype=torch.int64)
+    bounds = [float(q) for q in x.abs().quantile(torch.tensor([0.7, 0.8, 0.9]))]
+    dev._spec_read_kernel[(progs - 1,)](
+        x, n, *bounds, dev._f64_bits(bounds[1]), dev._f64_bits(bounds[2]), 2, part, mid,
+        scratch, buffers[0], n, buffers[1], buffers[2], n, totals, stages.board, stages.t32,
+        SQUARES=False, MID_SQUARES=False, LOGS=False, BLOCK=dev.SPEC_BLOCK, SPIN=8,
+        num_warps=dev.SPEC_WARPS)
+    assert int(stages.board[0]) == dev.FLAG_REDO
+    assert int(scratch[0]) == progs and int(scratch[-1]) & 3 == 2  # every tile published
+
+
 def test_sidco_device_speculative_read_flags_nan_and_overflow():
     from compressors import sidco
     from compressors._native import NonFinite
@@ -570,6 +596,7 @@ def test_sidco_device_speculative_read_flags_nan_and_overflow():
     got = s._select_device(grads[3], ratios, state, 123)
     ref, _ = s._select_reference(grads[3], ratios)
     assert torch.equal(got[0].indices.long(), ref)
+    assert got[2] is True  # the guess held; the buffers were too small
     assert state.state["device_room"] == 2e-6
 
 

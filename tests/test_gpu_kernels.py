@@ -107,8 +107,8 @@ def _compile_cases():
          "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 scratch_ptr:*i64 "
          "win_ptr:*fp32 cap_w:i32 pos_ptr:*i64 val_ptr:*fp32 cap_p:i32 totals_ptr:*i64 "
          "board_ptr:*i64 t32_ptr:*fp32",
-         [dict(SQUARES=q, MID_SQUARES=m, LOGS=lg, BLOCK=b)
-          for q, m in flags2 for lg in (False, True)]),
+         [dict(SQUARES=q, MID_SQUARES=m, LOGS=lg, BLOCK=gpu_sidco.SPEC_BLOCK,
+               SPIN=gpu_sidco.SPIN_LIMIT) for q, m in flags2 for lg in (False, True)]),
         (gpu_sidco._pool_write_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
          "counts_ptr:*i32 ends_ptr:*i64 pos_ptr:*i64 val_ptr:*fp32 map_ptr:*i64 cap:i64 "
          "board_ptr:*i64",

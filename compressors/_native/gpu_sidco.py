@@ -15,7 +15,12 @@ for the device and the device for the host. Here the thresholds stay on the devi
   writing pass into a buffer sized from the fraction expected to pass, so no size is read
   on the host; the pools carry acc's positions and signed values, in ascending order;
 - the final selection is written the same way, and one copy to the host (`read`) brings
-  back its size, the thresholds and the flags.
+  back its size, the thresholds and the flags;
+- once the previous steps' thresholds are known (sidco._speculation_bounds), the first
+  read of acc also keeps what stage 2 needs near the guessed first threshold and the pool
+  above the guessed second one (`speculate`, one pass that compacts in acc's order by a
+  decoupled look-back), so acc is read once per step instead of four times; where the
+  guess did not hold, the step is flagged MISS and redone without it.
 
 What the device path does not decide, it flags for the caller, who then runs the
 host-driven path instead (the same selection, only slower): the GP fit's cancellation or
@@ -51,6 +56,15 @@ REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kern
 # The speculative read's running counts (window, pool) share one 64-bit word: each < 2^31.
 SPEC_LIMIT = 2**31
 _COUNT_BITS = 31
+# The speculative read's tile (elements per program) and warps per program: ptxas for
+# sm_90 gives the kernel 110–128 registers a thread with 8 warps on 4096 elements (2
+# programs, 16 warps an SM) against 190–244 with 4 warps (2 programs, 8 warps). Not yet
+# tuned on a GPU.
+SPEC_BLOCK = 4096
+SPEC_WARPS = 8
+# Polls of a predecessor's word before the speculative read gives up on it and flags the
+# step for the host path (a guard: a tile waits only for tiles already running).
+SPIN_LIMIT = 1 << 22
 
 if triton is not None:
     from compressors._native.gpu import _exceedances, _size, _sub_counts_kernel
@@ -98,7 +112,7 @@ if triton is not None:
             tl.store(out_ptr + 2 * progs + pid, 0.0)
 
     @triton.jit
-    def _running_offsets(words_ptr, tile, local):
+    def _running_offsets(words_ptr, tile, local, SPIN: tl.constexpr):
         # The sum of `local` over the tiles before `tile` (a decoupled look-back, as in
         # Merrill & Garland's single-pass prefix scan): each tile's word holds its own
         # count (flag 1) as soon as it has one, then the sum up to and including it (flag
@@ -106,28 +120,34 @@ if triton is not None:
         # are numbered in the order programs start (_spec_read_kernel's ticket), so every
         # tile waited on is running or done. Values are packed counts (no field carries
         # into the next while the counts stay below 2^_BITS), shifted past a 2-bit flag.
+        # A predecessor not heard from after SPIN polls (none should take more than a few)
+        # ends the wait: (prefix, False), the offsets unknown and the step to be redone.
         if tile > 0:
             tl.atomic_xchg(words_ptr + tile, (local << 2) | 1, sem="relaxed")
         prefix = tl.zeros((), tl.uint64)
         target = tile - 1
+        found = True
         while target >= 0:
             word = tl.zeros((), tl.uint64)
-            while (word & 3) == 0:
+            polls = 0
+            while ((word & 3) == 0) & (polls < SPIN):
                 word = tl.atomic_add(words_ptr + target, 0, sem="relaxed")
+                polls += 1
             prefix += word >> 2
-            if (word & 3) == 2:
-                target = tl.full((), -1, tl.int64)
-            else:
+            if (word & 3) == 1:
                 target = target - 1
+            else:  # flag 2 (a sum from the start), or 0: given up
+                found = (word & 3) == 2
+                target = tl.full((), -1, tl.int64)
         tl.atomic_xchg(words_ptr + tile, ((prefix + local) << 2) | 2, sem="relaxed")
-        return prefix
+        return prefix, found
 
     @triton.jit(do_not_specialize=["n", "u_bits", "pa_bits", "pa_slot", "cap_w", "cap_p"])
     def _spec_read_kernel(x_ptr, n, w, u, pa, u_bits, pa_bits, pa_slot, part_ptr, mid_ptr,
                           scratch_ptr,
                           win_ptr, cap_w, pos_ptr, val_ptr, cap_p, totals_ptr, board_ptr,
                           t32_ptr, SQUARES: tl.constexpr, MID_SQUARES: tl.constexpr,
-                          LOGS: tl.constexpr, BLOCK: tl.constexpr):
+                          LOGS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
         # The speculative first read: one pass over acc, one tile of BLOCK per program.
         # - stage 1's partials (gpu._stats_kernel's 7 rows, without extremes) and those of
         #   z = |x| − u over |x| ≥ u (count, Σz, Σz²), in column `tile`;
@@ -153,7 +173,9 @@ if triton is not None:
         cp = tl.sum(hp, axis=0)
         words = (scratch_ptr + 1).to(tl.pointer_type(tl.uint64))
         local = (cp.to(tl.uint64) << _BITS) | cw.to(tl.uint64)
-        before = _running_offsets(words, tile, local)
+        before, found = _running_offsets(words, tile, local, SPIN)
+        if not found:  # (writes below stay within the buffers; the step is redone)
+            tl.atomic_or(board_ptr, _REDO)
         start_w = (before & _LOW).to(tl.int64)
         start_p = (before >> _BITS).to(tl.int64)
         dst = start_w + (tl.cumsum(hw, axis=0) - hw).to(tl.int64)
@@ -400,19 +422,20 @@ class Stages:
 
     def speculate(self, window: float, upper: float, pool_above: float, pa_slot: int,
                   squares: bool, mid_squares: bool, logs: bool,
-                  keep_window: float, keep_pool: float) -> Speculative:
+                  keep_window: float, keep_pool: float,
+                  spin: int = SPIN_LIMIT) -> Speculative:
         """The speculative first read of acc (_spec_read_kernel) with bounds from the
         previous steps (float32 as the comparisons see them): stage 1's partials (7 rows,
         Σx² when `squares`, nonzeros and Σ ln|x| when `logs`), the exceedances of `upper`
         (Σz² when `mid_squares`), the window [window, upper) and the pool |x| > pool_above,
         in buffers of `room` times the fractions `keep_window` and `keep_pool` expected
         there (and 4096). pool_above goes into `pa_slot`. acc must hold < SPEC_LIMIT
-        elements."""
+        elements. `spin`: polls of a predecessor tile before giving up (flagged REDO)."""
         acc, device = self.acc, self.acc.device
         n = acc.numel()
         if n >= SPEC_LIMIT:
             raise ValueError(f"the speculative read takes fewer than 2^31 elements, not {n}")
-        progs = -(-n // BLOCK)
+        progs = -(-n // SPEC_BLOCK)
         cap_w = min(n, math.ceil(self.room * keep_window * n) + 4096)
         cap_p = min(n, math.ceil(self.room * keep_pool * n) + 4096)
         part = torch.empty((gpu._STATS, progs), dtype=torch.float64, device=device)
@@ -428,7 +451,7 @@ class Stages:
                                     cap_w,
                                     positions, values, cap_p, totals, self.board, self.t32,
                                     SQUARES=squares, MID_SQUARES=mid_squares, LOGS=logs,
-                                    BLOCK=BLOCK, num_warps=WARPS)
+                                    BLOCK=SPEC_BLOCK, SPIN=spin, num_warps=SPEC_WARPS)
         return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
                            Pool(values, positions, totals[1:2], cap_p))
 
