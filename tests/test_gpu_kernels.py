@@ -94,14 +94,13 @@ def _compile_cases():
         (gpu._dragonn_take_kernel, "packed_ptr:*i64 m:i64 index_bits:i64 acc_ptr:*fp32 "
          "values_ptr:*fp32", [dict(VALUES=v, BLOCK=gpu.SMALL_BLOCK) for v in (False, True)]),
         (gpu_sidco._later_stats_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 board_ptr:*i64 "
-         "slot:i32 out_ptr:*fp64",
-         [dict(HAS_ABOVE=a, SQUARES=q, N_PTR=p, BLOCK=b, TILES=tiles)
-          for a, q in flags2 for p in (False, True)]),
-        (gpu_sidco._fit_kernel, "part_ptr:*fp64 rows:i32 board_ptr:*i64 t32_ptr:*fp32 "
-         "slot_in:i32 slot_out:i32 minus_log_bits:i64 mid_ptr:*fp64 mid_rows:i32 w:fp32 "
-         "u:fp32 pa:fp32 u_bits:i64",
-         [dict(FIRST=f, GP=g, MID=False, R=gpu_sidco.REDUCE) for f, g in flags2]
-         + [dict(FIRST=False, GP=g, MID=True, R=gpu_sidco.REDUCE) for g in (False, True)]),
+         "slot:i32 out_ptr:*fp64 done_ptr:*i64 slot_out:i32 minus_log_bits:i64 "
+         "mid_ptr:*fp64 mid_rows:i32 w:fp32 u:fp32 pa:fp32 u_bits:i64",
+         [dict(HAS_ABOVE=a, SQUARES=q, N_PTR=p, MID=m, BLOCK=b, TILES=tiles,
+               R=gpu_sidco.FUSED_REDUCE)
+          for a, q in flags2 for p in (False, True) for m in (False, True)]),
+        (gpu_sidco._first_fit_kernel, "part_ptr:*fp64 rows:i32 board_ptr:*i64 t32_ptr:*fp32 "
+         "minus_log_bits:i64", [dict(GP=g, R=gpu_sidco.REDUCE) for g in (False, True)]),
         # n < 2^31 (gpu_sidco.SPEC_LIMIT): n and the capacities are passed as i32
         (gpu_sidco._spec_read_kernel, "x_ptr:*fp32 n:i32 w:fp32 u:fp32 pa:fp32 u_bits:i64 "
          "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 scratch_ptr:*i64 "

@@ -53,6 +53,7 @@ FLAG_MISS = 32  # the speculative read's bounds did not hold: redo the step with
 HEAD = 2  # board[0]: flags, board[1]: the final selection's size; then the thresholds
 SAFE_LOW, SAFE_HIGH = SAFE_MEAN
 REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
+FUSED_REDUCE = 512  # the same in a later stage's last program (fewer registers there)
 # The speculative read's running counts (window, pool) share one 64-bit word: each < 2^31.
 SPEC_LIMIT = 2**31
 _COUNT_BITS = 31
@@ -83,13 +84,20 @@ if triton is not None:
     _SAFE_HIGH = tl.constexpr(SAFE_HIGH)
     _CANCEL = tl.constexpr(CANCELLATION)
 
-    @triton.jit(do_not_specialize=["n", "slot"])
-    def _later_stats_kernel(x_ptr, n, n_ptr, t32_ptr, board_ptr, slot, out_ptr,
+    @triton.jit(do_not_specialize=["n", "slot", "slot_out", "minus_log_bits", "mid_rows",
+                                   "u_bits"])
+    def _later_stats_kernel(x_ptr, n, n_ptr, t32_ptr, board_ptr, slot, out_ptr, done_ptr,
+                            slot_out, minus_log_bits, mid_ptr, mid_rows, w, u, pa, u_bits,
                             HAS_ABOVE: tl.constexpr, SQUARES: tl.constexpr,
-                            N_PTR: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
-        # per program of TILES blocks: count, Σy, Σy² of y = |x| − t over |x| > t (all of
-        # the source without HAS_ABOVE), t the threshold in `slot` (float64 shift, float32
-        # comparison); stored column-major (3 × programs)
+                            N_PTR: tl.constexpr, MID: tl.constexpr, BLOCK: tl.constexpr,
+                            TILES: tl.constexpr, R: tl.constexpr):
+        # A later stage in one launch. Per program of TILES blocks: count, Σy, Σy² of
+        # y = |x| − t over |x| > t (all of the source without HAS_ABOVE), t the threshold
+        # in `slot` (float64 shift, float32 comparison); stored column-major (3 ×
+        # programs). The program that finishes last (a counter at done_ptr, zero before)
+        # then fits the stage (_fit_stage, SQUARES: GP) into slot_out: each program's
+        # partials are stored before its acq_rel increment, by the thread that makes it,
+        # and the last one reads them after its own.
         pid = tl.program_id(0)
         size = _size(n, n_ptr, N_PTR)
         above = tl.load(t32_ptr + slot)
@@ -110,6 +118,9 @@ if triton is not None:
             tl.store(out_ptr + 2 * progs + pid, sum2)
         else:
             tl.store(out_ptr + 2 * progs + pid, 0.0)
+        if tl.atomic_add(done_ptr, 1, sem="acq_rel") == progs - 1:
+            _fit_stage(out_ptr, progs, board_ptr, t32_ptr, slot, slot_out, minus_log_bits,
+                       mid_ptr, mid_rows, w, u, pa, u_bits, False, SQUARES, MID, R)
 
     @triton.jit
     def _running_offsets(words_ptr, tile, local, SPIN: tl.constexpr):
@@ -229,23 +240,33 @@ if triton is not None:
     @triton.jit
     def _add_partials(part_ptr, rows, R: tl.constexpr):
         # the first three rows (count, Σy, Σy²) of `rows` columns, added in column order
+        # (read from L2: in a fused fit, other programs of this kernel wrote them)
         cnt = tl.zeros((), tl.float64)
         s1 = tl.zeros((), tl.float64)
         s2 = tl.zeros((), tl.float64)
         for r0 in range(0, rows, R):
             r = r0 + tl.arange(0, R)
             inside = r < rows
-            cnt += tl.sum(tl.load(part_ptr + r, mask=inside, other=0.0), axis=0)
-            s1 += tl.sum(tl.load(part_ptr + rows + r, mask=inside, other=0.0), axis=0)
-            s2 += tl.sum(tl.load(part_ptr + 2 * rows + r, mask=inside, other=0.0), axis=0)
+            cnt += tl.sum(tl.load(part_ptr + r, mask=inside, other=0.0,
+                                  cache_modifier=".cg"), axis=0)
+            s1 += tl.sum(tl.load(part_ptr + rows + r, mask=inside, other=0.0,
+                                 cache_modifier=".cg"), axis=0)
+            s2 += tl.sum(tl.load(part_ptr + 2 * rows + r, mask=inside, other=0.0,
+                                 cache_modifier=".cg"), axis=0)
         return cnt, s1, s2
 
-    @triton.jit(do_not_specialize=["rows", "slot_in", "slot_out", "minus_log_bits",
-                                   "mid_rows", "u_bits"])
-    def _fit_kernel(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, minus_log_bits,
-                    mid_ptr, mid_rows, w, u, pa, u_bits, FIRST: tl.constexpr, GP: tl.constexpr,
-                    MID: tl.constexpr, R: tl.constexpr):
-        # one program: the partials (count, Σy, Σy² rows of `rows` columns) added in
+    @triton.jit(do_not_specialize=["rows", "minus_log_bits"])
+    def _first_fit_kernel(part_ptr, rows, board_ptr, t32_ptr, minus_log_bits,
+                          GP: tl.constexpr, R: tl.constexpr):
+        # one program: stage 1 (_fit_stage) into slot 0 from its read's partials
+        _fit_stage(part_ptr, rows, board_ptr, t32_ptr, 0, 0, minus_log_bits, part_ptr, rows,
+                   0.0, 0.0, 0.0, 0, True, GP, False, R)
+
+    @triton.jit
+    def _fit_stage(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, minus_log_bits,
+                   mid_ptr, mid_rows, w, u, pa, u_bits, FIRST: tl.constexpr, GP: tl.constexpr,
+                   MID: tl.constexpr, R: tl.constexpr):
+        # the partials (count, Σy, Σy² rows of `rows` columns) added in
         # program order, then the stage's threshold into `slot_out`: compressors/sidco.py's
         # exponential_quantile or _gpareto_threshold, in the same float64 operations.
         # FIRST: stage 1 (location 0, its flags); else y = |x| − t, t in `slot_in`, and a
@@ -380,8 +401,9 @@ class Stages:
         if not gpu.supports(acc):
             raise TypeError("Stages takes a contiguous float32 tensor on the current CUDA "
                             "device (or a CPU one under Triton's interpreter)")
-        self.acc, self.room = acc, room
-        self.board = torch.zeros(HEAD + slots, dtype=torch.int64, device=acc.device)
+        self.acc, self.room, self.slots = acc, room, slots
+        # then one counter per slot: the programs of the stage fitted into it that are done
+        self.board = torch.zeros(HEAD + 2 * slots, dtype=torch.int64, device=acc.device)
         self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
 
     def source(self) -> Pool:
@@ -395,8 +417,7 @@ class Stages:
     def first(self, gp: bool, ratio: float) -> None:
         """Stage 1 into slot 0: the exponential (or GP) fit of all of |acc|; flags a NaN or
         an Inf, an all-zero acc and a mean that needs rescaling."""
-        part = gpu.stats_partials(self.acc, squares=gp)
-        self._fit(part, 0, 0, first=True, gp=gp, ratio=ratio)
+        self._fit_first(gpu.stats_partials(self.acc, squares=gp), gp, ratio)
 
     def later(self, src: Pool, slot_in: int, slot_out: int, above: bool, gp: bool,
               ratio: float, spec: Speculative | None = None) -> None:
@@ -404,21 +425,19 @@ class Stages:
         when not `above`: a pool compacted at t), t in slot_in; the result into slot_out."""
         grid = _grid(src.cap, BLOCK * TILES)
         part = torch.empty((3, grid[0]), dtype=torch.float64, device=self.acc.device)
-        _later_stats_kernel[grid](src.values, src.cap, _count(src), self.t32, self.board,
-                                  slot_in, part, HAS_ABOVE=above, SQUARES=gp,
-                                  N_PTR=src.count is not None, BLOCK=BLOCK, TILES=TILES,
-                                  num_warps=WARPS)
-        self._fit(part, slot_in, slot_out, first=False, gp=gp, ratio=ratio, spec=spec)
-
-    def _fit(self, part: torch.Tensor, slot_in: int, slot_out: int, first: bool, gp: bool,
-             ratio: float, spec: Speculative | None = None) -> None:
-        # part: count, Σy, Σy² in its first three rows (gpu.stats_partials has seven)
         mid = part if spec is None else spec.mid
         w, u, pa = (0.0, 0.0, 0.0) if spec is None else spec.bounds
-        _fit_kernel[(1,)](part, part.shape[1], self.board, self.t32, slot_in, slot_out,
-                          _f64_bits(-math.log(ratio)), mid, mid.shape[1], w, u, pa,
-                          _f64_bits(u),
-                          FIRST=first, GP=gp, MID=spec is not None, R=REDUCE, num_warps=8)
+        done = self.board[HEAD + self.slots + slot_out:]
+        _later_stats_kernel[grid](src.values, src.cap, _count(src), self.t32, self.board,
+                                  slot_in, part, done, slot_out, _f64_bits(-math.log(ratio)),
+                                  mid, mid.shape[1], w, u, pa, _f64_bits(u), HAS_ABOVE=above,
+                                  SQUARES=gp, N_PTR=src.count is not None, MID=spec is not None,
+                                  BLOCK=BLOCK, TILES=TILES, R=FUSED_REDUCE, num_warps=WARPS)
+
+    def _fit_first(self, part: torch.Tensor, gp: bool, ratio: float) -> None:
+        # part: count, Σ|x|, Σx² in its first three rows (gpu.stats_partials has seven)
+        _first_fit_kernel[(1,)](part, part.shape[1], self.board, self.t32,
+                                _f64_bits(-math.log(ratio)), GP=gp, R=REDUCE, num_warps=8)
 
     def speculate(self, window: float, upper: float, pool_above: float, pa_slot: int,
                   squares: bool, mid_squares: bool, logs: bool,
@@ -457,7 +476,7 @@ class Stages:
 
     def first_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
         """Stage 1 into slot 0 from the speculative read's partials (as `first`)."""
-        self._fit(spec.part, 0, 0, first=True, gp=gp, ratio=ratio)
+        self._fit_first(spec.part, gp, ratio)
 
     def second_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
         """Stage 2 into slot 1 from the speculative read: the window's exceedances of
@@ -508,7 +527,7 @@ class Stages:
         """(flags, the final selection's size, every slot's threshold): the one copy to
         the host, which waits for everything before it."""
         got = self.board.tolist()
-        return got[0], got[1], [_from_bits(b) for b in got[HEAD:]]
+        return got[0], got[1], [_from_bits(b) for b in got[HEAD:HEAD + self.slots]]
 
 
 def _count(src: Pool) -> torch.Tensor:
