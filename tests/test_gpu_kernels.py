@@ -54,6 +54,19 @@ def test_triton_kernels_under_the_interpreter():
 # (types that do not unify across branches or loop iterations, lowering failures) shows
 # here, with no GPU. (kernel, "argument:type ...", constexpr variants).
 def _compile_cases():
+    return [case for kernel, args, variants in _kernel_cases()
+            for case in _with_narrow_sizes(kernel, args, variants)]
+
+
+def _with_narrow_sizes(kernel, args, variants):
+    # Triton types an int argument by its value: n (and a capacity) below 2^31 is i32.
+    # SIDCo's device kernels run at both widths (the speculative read only below 2^31).
+    yield kernel, args, variants
+    if kernel.__name__ in ("_later_stats_kernel", "_pool_write_kernel"):
+        yield kernel, args.replace("n:i64", "n:i32").replace("cap:i64", "cap:i32"), variants
+
+
+def _kernel_cases():
     from compressors._native import gpu, gpu_sidco
 
     x_n = "x_ptr:*fp32 n:i64"

@@ -5,12 +5,14 @@ stage copies its statistics to the host, where the next threshold is fitted: at 
 elements on an H100 that path took 10–23× a device read pass, most of it the host waiting
 for the device and the device for the host. Here the thresholds stay on the device:
 
-- a `board` (int64) holds the flags, the final selection's size and each stage's
-  threshold as float64 bits; `t32` (float32) the same thresholds rounded to float32, as
-  the comparisons see them (torch rounds a Python threshold to the tensor's dtype);
-- a stage is a statistics pass over its source (acc, or a pool) that reads its threshold
-  and shift from the board, then one small program that adds the partials in program
-  order and writes the next threshold (the same float64 formulas as compressors/sidco.py);
+- a `board` (int64) holds the flags, the final selection's size, each stage's threshold
+  as float64 bits and each stage's count of finished programs; `t32` (float32) the same
+  thresholds rounded to float32, as the comparisons see them (torch rounds a Python
+  threshold to the tensor's dtype);
+- a later stage is one statistics pass over its source (acc, or a pool) that reads its
+  threshold and shift from the board; its last program to finish adds the partials in a
+  fixed order and writes the next threshold (the same float64 formulas as
+  compressors/sidco.py); stage 1 is a statistics pass and one small program;
 - a compaction (the pools) is a counting pass per sub-block, a cumulative sum and a
   writing pass into a buffer sized from the fraction expected to pass, so no size is read
   on the host; the pools carry acc's positions and signed values, in ascending order;
@@ -84,8 +86,8 @@ if triton is not None:
     _SAFE_HIGH = tl.constexpr(SAFE_HIGH)
     _CANCEL = tl.constexpr(CANCELLATION)
 
-    @triton.jit(do_not_specialize=["n", "slot", "slot_out", "minus_log_bits", "mid_rows",
-                                   "u_bits"])
+    @triton.jit(do_not_specialize=["n", "slot", "done_ptr", "slot_out", "minus_log_bits",
+                                   "mid_rows", "u_bits"])
     def _later_stats_kernel(x_ptr, n, n_ptr, t32_ptr, board_ptr, slot, out_ptr, done_ptr,
                             slot_out, minus_log_bits, mid_ptr, mid_rows, w, u, pa, u_bits,
                             HAS_ABOVE: tl.constexpr, SQUARES: tl.constexpr,
@@ -239,21 +241,21 @@ if triton is not None:
 
     @triton.jit
     def _add_partials(part_ptr, rows, R: tl.constexpr):
-        # the first three rows (count, Σy, Σy²) of `rows` columns, added in column order
-        # (read from L2: in a fused fit, other programs of this kernel wrote them)
-        cnt = tl.zeros((), tl.float64)
-        s1 = tl.zeros((), tl.float64)
-        s2 = tl.zeros((), tl.float64)
+        # the first three rows (count, Σy, Σy²) of `rows` columns: each lane adds every
+        # R-th column in order, then the lanes are added (one reduction per row, none in
+        # the loop, so a step's three loads are in flight together); read from L2, as in
+        # a fused fit other programs of this kernel wrote them
+        cnt = tl.zeros((R,), tl.float64)
+        s1 = tl.zeros((R,), tl.float64)
+        s2 = tl.zeros((R,), tl.float64)
         for r0 in range(0, rows, R):
             r = r0 + tl.arange(0, R)
             inside = r < rows
-            cnt += tl.sum(tl.load(part_ptr + r, mask=inside, other=0.0,
-                                  cache_modifier=".cg"), axis=0)
-            s1 += tl.sum(tl.load(part_ptr + rows + r, mask=inside, other=0.0,
-                                 cache_modifier=".cg"), axis=0)
-            s2 += tl.sum(tl.load(part_ptr + 2 * rows + r, mask=inside, other=0.0,
-                                 cache_modifier=".cg"), axis=0)
-        return cnt, s1, s2
+            cnt += tl.load(part_ptr + r, mask=inside, other=0.0, cache_modifier=".cg")
+            s1 += tl.load(part_ptr + rows + r, mask=inside, other=0.0, cache_modifier=".cg")
+            s2 += tl.load(part_ptr + 2 * rows + r, mask=inside, other=0.0,
+                          cache_modifier=".cg")
+        return tl.sum(cnt, axis=0), tl.sum(s1, axis=0), tl.sum(s2, axis=0)
 
     @triton.jit(do_not_specialize=["rows", "minus_log_bits"])
     def _first_fit_kernel(part_ptr, rows, board_ptr, t32_ptr, minus_log_bits,
@@ -426,7 +428,8 @@ class Stages:
         grid = _grid(src.cap, BLOCK * TILES)
         part = torch.empty((3, grid[0]), dtype=torch.float64, device=self.acc.device)
         mid = part if spec is None else spec.mid
-        w, u, pa = (0.0, 0.0, 0.0) if spec is None else spec.bounds
+        # (without spec unused; u = 1 so that u_bits is passed as i64 either way)
+        w, u, pa = (0.0, 1.0, 0.0) if spec is None else spec.bounds
         done = self.board[HEAD + self.slots + slot_out:]
         _later_stats_kernel[grid](src.values, src.cap, _count(src), self.t32, self.board,
                                   slot_in, part, done, slot_out, _f64_bits(-math.log(ratio)),
