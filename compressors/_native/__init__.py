@@ -29,6 +29,7 @@ import math
 import os
 import platform
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
@@ -231,6 +232,15 @@ def available() -> bool:
 def error() -> str | None:
     """Why the library could not be built or loaded (None when it was, or not tried)."""
     return _error
+
+
+def round_f32(t: float) -> float:
+    """t rounded to float32 (as torch rounds a Python scalar compared with a float32
+    tensor): to nearest, ±inf beyond the float32 range."""
+    try:
+        return struct.unpack("f", struct.pack("f", t))[0]
+    except OverflowError:
+        return math.copysign(math.inf, t)
 
 
 def supports_cpu(t: torch.Tensor) -> bool:

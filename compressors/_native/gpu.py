@@ -35,11 +35,12 @@ tests use this to check them where no GPU exists.
 
 from __future__ import annotations
 
-import math
 import os
 import struct
 
 import torch
+
+from compressors._native import round_f32 as _f32
 
 try:  # triton ships with CUDA builds of torch; absent elsewhere (then: reference paths)
     import triton
@@ -81,15 +82,6 @@ def supports(t: torch.Tensor) -> bool:
     if t.is_cuda:  # the kernels launch on the current device
         return t.device.index is None or t.device.index == torch.cuda.current_device()
     return INTERPRETED and t.device.type == "cpu"
-
-
-def _f32(t: float) -> float:
-    """t rounded to float32 (as torch rounds a Python scalar compared with a float32
-    tensor): to nearest, ±inf beyond the float32 range."""
-    try:
-        return struct.unpack("f", struct.pack("f", t))[0]
-    except OverflowError:
-        return math.copysign(math.inf, t)
 
 
 def _f64_bits(v: float) -> int:
