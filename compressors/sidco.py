@@ -337,10 +337,8 @@ class _SIDCo(ThresholdSparsifier):
             if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
                 return None
             stages.set(0, self._first_threshold_native(acc, st, ratios[0]))
-        elif spec is None:
-            stages.first(gp=self.first_fit == "gpareto", ratio=ratios[0])
         else:
-            stages.first_from(spec, gp=self.first_fit == "gpareto", ratio=ratios[0])
+            stages.first(gp=self.first_fit == "gpareto", ratio=ratios[0], spec=spec)
         if spec is None:
             src, base, base_slot, after = stages.source(), None, 0, 1
             share = ratios[0] * ratios[1] if len(ratios) > 1 else 1.0

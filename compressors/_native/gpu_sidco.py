@@ -416,10 +416,13 @@ class Stages:
         self.board[HEAD + slot] = _f64_bits(value)
         self.t32[slot] = _f32(value)
 
-    def first(self, gp: bool, ratio: float) -> None:
-        """Stage 1 into slot 0: the exponential (or GP) fit of all of |acc|; flags a NaN or
+    def first(self, gp: bool, ratio: float, spec: Speculative | None = None) -> None:
+        """Stage 1 into slot 0: the exponential (or GP) fit of all of |acc|, from a
+        statistics pass or from the speculative read's partials (`spec`); flags a NaN or
         an Inf, an all-zero acc and a mean that needs rescaling."""
-        self._fit_first(gpu.stats_partials(self.acc, squares=gp), gp, ratio)
+        part = gpu.stats_partials(self.acc, squares=gp) if spec is None else spec.part
+        _first_fit_kernel[(1,)](part, part.shape[1], self.board, self.t32,
+                                _f64_bits(-math.log(ratio)), GP=gp, R=REDUCE, num_warps=8)
 
     def later(self, src: Pool, slot_in: int, slot_out: int, above: bool, gp: bool,
               ratio: float, spec: Speculative | None = None) -> None:
@@ -436,11 +439,6 @@ class Stages:
                                   mid, mid.shape[1], w, u, pa, _f64_bits(u), HAS_ABOVE=above,
                                   SQUARES=gp, N_PTR=src.count is not None, MID=spec is not None,
                                   BLOCK=BLOCK, TILES=TILES, R=FUSED_REDUCE, num_warps=WARPS)
-
-    def _fit_first(self, part: torch.Tensor, gp: bool, ratio: float) -> None:
-        # part: count, Σ|x|, Σx² in its first three rows (gpu.stats_partials has seven)
-        _first_fit_kernel[(1,)](part, part.shape[1], self.board, self.t32,
-                                _f64_bits(-math.log(ratio)), GP=gp, R=REDUCE, num_warps=8)
 
     def speculate(self, window: float, upper: float, pool_above: float, pa_slot: int,
                   squares: bool, mid_squares: bool, logs: bool,
@@ -476,10 +474,6 @@ class Stages:
                                     BLOCK=SPEC_BLOCK, SPIN=spin, num_warps=SPEC_WARPS)
         return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
                            Pool(values, positions, totals[1:2], cap_p))
-
-    def first_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
-        """Stage 1 into slot 0 from the speculative read's partials (as `first`)."""
-        self._fit_first(spec.part, gp, ratio)
 
     def second_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
         """Stage 2 into slot 1 from the speculative read: the window's exceedances of
