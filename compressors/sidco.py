@@ -348,7 +348,7 @@ class _SIDCo(ThresholdSparsifier):
         for slot, ratio in enumerate(ratios[after:], start=after):
             above = True
             if slot >= 2 and (base is None or share <= COMPACT_BELOW):
-                src, _ = stages.compact(src, slot - 1, share)
+                src = stages.compact(src, slot - 1, share)
                 base, base_slot, above, share = src, slot - 1, False, 1.0
             stages.later(src, slot - 1, slot, above=above, gp=gp, ratio=ratio)
             if slot >= 2:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from compressors import dragonn
-from compressors._native import gpu as kernels
+from compressors._native import gpu as kernels, gpu_sidco
 from compressors.counter_stream import counter_hash, seed_words
 
 if not kernels.INTERPRETED:
@@ -393,12 +393,12 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
     stages = dev.Stages(acc, 2)
     t = float(acc.abs().kthvalue(29_000).values)  # 1000 above it
     stages.set(0, t)
-    pool, ends = stages.compact(stages.source(), 0, 0.0, cap=999)
-    assert int(ends[-1]) == 1000
+    pool = stages.compact(stages.source(), 0, 0.0, cap=999)
+    assert int(pool.count) == 1000  # the size before the cap
     assert int(stages.board[0]) == dev.FLAG_REDO | dev.FLAG_OVERFLOW
     stages = dev.Stages(acc, 2)
     stages.set(0, t)
-    pool, _ = stages.compact(stages.source(), 0, 0.0, cap=1000)
+    pool = stages.compact(stages.source(), 0, 0.0, cap=1000)
     assert stages.board[0] == 0
     want = torch.nonzero(acc.abs() > t).squeeze(1)
     assert torch.equal(pool.positions, want) and torch.equal(pool.values, acc[want])
@@ -410,7 +410,7 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
     # above it: the pool holds the selection
     stages = dev.Stages(acc, 2)
     stages.set(0, t)
-    pool, _ = stages.compact(stages.source(), 0, 0.0, cap=1000)
+    pool = stages.compact(stages.source(), 0, 0.0, cap=1000)
     t2 = float(acc.abs().kthvalue(29_900).values)
     stages.set(1, t2)
     out = stages.final(pool, 1, pool, 0)
@@ -418,6 +418,114 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
     want = torch.nonzero(acc.abs() >= t2).squeeze(1)
     assert flags == 0 and total == want.numel() == 101
     assert torch.equal(out.positions[:total], want) and torch.equal(out.values[:total], acc[want])
+
+
+@pytest.mark.parametrize("strict", [True, False])
+def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict):
+    # one pass (_compact_kernel) over a pool of several tiles whose buffer holds more
+    # than its count: what lies past the count is never taken, positions are acc's
+    from compressors._native import gpu_sidco as dev
+
+    n = 5 * dev.COMPACT_BLOCK + 77
+    acc = _laplace(n, seed=31)
+    acc[9] = -acc[10]  # a tie of magnitudes with opposite signs
+    stages = dev.Stages(acc, 3)
+    t0 = float(acc.abs().kthvalue(n // 4).values)
+    stages.set(0, t0)
+    pool = stages.compact(stages.source(), 0, 0.0, cap=n)  # about 3n/4 in a buffer of n
+    count = int(pool.count)
+    want = torch.nonzero(acc.abs() > t0).squeeze(1)
+    assert count == want.numel() < n and stages.board[0] == 0
+    assert torch.equal(pool.positions[:count], want)
+    pool.values[count:] = 1.0  # would pass any threshold if read
+    t1 = float(acc.abs()[10])
+    stages.set(1, t1)
+    inner = stages.compact(pool, 1, 0.0, strict=strict, cap=n)
+    got = int(inner.count)
+    mask = acc.abs() > t1 if strict else acc.abs() >= t1
+    want = torch.nonzero(mask & (acc.abs() > t0)).squeeze(1)
+    assert got == want.numel() and stages.board[0] == 0
+    assert torch.equal(inner.positions[:got], want)
+    assert torch.equal(inner.values[:got], acc[want])  # signed
+    assert (10 in inner.positions[:got].tolist()) == (not strict)
+    # the scratch is sized for slots + 1 passes that compact; one more is a caller's bug
+    stages.compact(pool, 1, 0.0, cap=n)
+    stages.compact(pool, 1, 0.0, cap=n)
+    with pytest.raises(RuntimeError, match="more passes that compact"):
+        stages.compact(pool, 1, 0.0, cap=n)
+
+
+def test_sidco_device_compaction_gives_up_on_a_silent_tile():
+    # as the speculative read: a tile whose predecessor never publishes (no program takes
+    # tile 0) stops waiting after SPIN polls and flags the step for the host path
+    from compressors._native import gpu_sidco as dev
+
+    progs = 4
+    n = progs * dev.COMPACT_BLOCK
+    x = _laplace(n, seed=12)
+    stages = dev.Stages(x, 2)
+    stages.set(0, float(x.abs().median()))
+    words = torch.zeros(progs + 1, dtype=torch.int64)
+    words[0] = 1
+    count = torch.zeros(1, dtype=torch.int64)
+    pos, val = torch.empty(n, dtype=torch.int64), torch.empty(n)
+    dev._compact_kernel[(progs - 1,)](
+        x, n, count, stages.t32, 0, words, pos, val, pos, n, count, stages.board, 0, count, 0,
+        STRICT=True, MAPPED=False, N_PTR=False, FINAL=False, HAS_BASE=False,
+        BLOCK=dev.COMPACT_BLOCK, SPIN=8, num_warps=dev.COMPACT_WARPS)
+    assert int(stages.board[0]) == dev.FLAG_REDO
+    assert int(words[0]) == progs and int(words[-1]) & 3 == 2  # every tile published
+
+
+@kernels.triton.jit
+def _look_back_probe(words_ptr, tile, local_ptr, out_ptr, SPIN: kernels.tl.constexpr):
+    tl = kernels.tl
+    local = tl.load(local_ptr.to(tl.pointer_type(tl.uint64)))
+    words = words_ptr.to(tl.pointer_type(tl.uint64))
+    gpu_sidco._publish(words, tile, local)
+    prefix, found = gpu_sidco._running_offsets(words, tile, local, SPIN)
+    tl.store(out_ptr, prefix.to(tl.int64))
+    tl.store(out_ptr + 1, found.to(tl.int64))
+
+
+def _look_back(words: list[int], tile: int, local: int, spin: int) -> tuple[int, bool, int]:
+    """gpu_sidco._running_offsets run by one program over `words` (each (value << 2) |
+    flag): (prefix, found, the tile's word afterwards)."""
+    buf = torch.tensor(words, dtype=torch.int64)
+    out = torch.zeros(2, dtype=torch.int64)
+    _look_back_probe[(1,)](buf, tile, torch.tensor([local]), out, SPIN=spin)
+    return int(out[0]), bool(out[1]), int(buf[tile])
+
+
+@pytest.mark.parametrize("case", ["sum_far_back", "sum_at_window_edges", "none_to_the_start",
+                                  "first_tile", "sum_just_before", "silent_tile"])
+def test_look_back_adds_words_back_to_the_first_sum(case):
+    # the look-back's window of LOOK_BACK words: aggregates (flag 1) added back to the
+    # nearest inclusive sum (flag 2) or tile 0, across windows; a tile never heard from
+    # ends the wait after SPIN polls with found False
+    from compressors._native import gpu_sidco as dev
+
+    assert dev.LOOK_BACK == 32
+    g = torch.Generator().manual_seed(len(case))
+    tile = {"sum_far_back": 70, "sum_at_window_edges": 70, "none_to_the_start": 40,
+            "first_tile": 0, "sum_just_before": 33, "silent_tile": 50}[case]
+    agg = torch.randint(0, 1 << 20, (tile + 8,), generator=g).tolist()
+    flags = [1] * len(agg)
+    inclusive = {"sum_far_back": [5], "sum_at_window_edges": [37, 38],
+                 "sum_just_before": [32]}.get(case, [])
+    for t in inclusive:
+        flags[t] = 2
+    if case == "silent_tile":
+        flags[20] = 0
+    words = [(a << 2) | f if f else 0 for a, f in zip(agg, flags)]
+    words[tile:] = [0] * (len(words) - tile)
+    local = 12_345
+    prefix, found, mine = _look_back(words, tile, local, spin=4)
+    if case == "silent_tile":  # what it had added before it stopped at tile 20
+        assert not found and prefix == sum(agg[21:tile])
+    else:  # from the nearest inclusive sum (its value counts from tile 0), or tile 0
+        assert found and prefix == sum(agg[max(inclusive, default=0):tile])
+    assert mine == ((prefix + local) << 2) | 2
 
 
 def test_sidco_device_pools_get_more_room_after_one_outgrew_its_buffer():

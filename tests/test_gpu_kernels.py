@@ -62,7 +62,7 @@ def _with_narrow_sizes(kernel, args, variants):
     # Triton types an int argument by its value: n (and a capacity) below 2^31 is i32.
     # SIDCo's device kernels run at both widths (the speculative read only below 2^31).
     yield kernel, args, variants
-    if kernel.__name__ in ("_later_stats_kernel", "_pool_write_kernel"):
+    if kernel.__name__ in ("_later_stats_kernel", "_compact_kernel"):
         yield kernel, args.replace("n:i64", "n:i32").replace("cap:i64", "cap:i32"), variants
 
 
@@ -121,15 +121,25 @@ def _kernel_cases():
          "board_ptr:*i64 t32_ptr:*fp32",
          [dict(SQUARES=q, MID_SQUARES=m, LOGS=lg, BLOCK=gpu_sidco.SPEC_BLOCK,
                SPIN=gpu_sidco.SPIN_LIMIT) for q, m in flags2 for lg in (False, True)]),
-        (gpu_sidco._pool_write_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
-         "counts_ptr:*i32 ends_ptr:*i64 pos_ptr:*i64 val_ptr:*fp32 map_ptr:*i64 cap:i64 "
-         "board_ptr:*i64",
-         [dict(STRICT=s, MAPPED=m, N_PTR=p, SUB=sub)
-          for s, m in flags2 for p in (False, True)]),
-        (gpu_sidco._final_check_kernel, "board_ptr:*i64 t32_ptr:*fp32 slot:i32 base_slot:i32 "
-         "total_ptr:*i64 cap:i64 base_n_ptr:*i64 base_cap:i64",
-         [dict(HAS_BASE=h) for h in (False, True)]),
+        (gpu_sidco._compact_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
+         "words_ptr:*i64 pos_ptr:*i64 val_ptr:*fp32 map_ptr:*i64 cap:i64 count_ptr:*i64 "
+         "board_ptr:*i64 base_slot:i32 base_n_ptr:*i64 base_cap:i64",
+         [dict(STRICT=not f, MAPPED=m, N_PTR=p, FINAL=f, HAS_BASE=h,
+               BLOCK=gpu_sidco.COMPACT_BLOCK, SPIN=gpu_sidco.SPIN_LIMIT)
+          for f, h in ((False, False), (True, False), (True, True)) for m, p in flags2]),
     ]
+
+
+def _launch_options(kernel, constants) -> dict:
+    # the options SIDCo's device kernels are launched with (compressors/_native/gpu_sidco)
+    from compressors._native import gpu_sidco
+
+    if kernel is gpu_sidco._spec_read_kernel:
+        return {"num_warps": gpu_sidco.SPEC_WARPS,
+                **({"maxnreg": gpu_sidco.SPEC_MAXNREG} if constants["LOGS"] else {})}
+    if kernel is gpu_sidco._compact_kernel:
+        return {"num_warps": gpu_sidco.COMPACT_WARPS}
+    return {}
 
 
 def _can_compile_for_cuda() -> bool:
@@ -159,7 +169,7 @@ def test_triton_kernels_compile_for_an_h100_without_one():
             assert set(constants) == set(names[len(signature):]), kernel.__name__
             full = {**signature, **{c: "constexpr" for c in constants}}
             out = triton.compile(ASTSource(fn=kernel, signature=full, constexprs=constants),
-                                 target=target)
+                                 target=target, options=_launch_options(kernel, constants))
             assert out.asm.get("cubin"), f"{kernel.__name__} {constants}: no binary"
             compiled += 1
     assert compiled >= 70

@@ -111,14 +111,22 @@ if triton is not None:
             return n
 
     @triton.jit
-    def _hits(x_ptr, offs, n, t, STRICT: tl.constexpr):
-        # |x| at offs (0 past the end) and whether it passes t (> when STRICT, else ≥)
+    def _signed_hits(x_ptr, offs, n, t, STRICT: tl.constexpr):
+        # x and |x| at offs (0 past the end) and whether |x| passes t (> when STRICT,
+        # else ≥)
         inside = offs < n
-        a = tl.abs(tl.load(x_ptr + offs, mask=inside, other=0.0))
+        x = tl.load(x_ptr + offs, mask=inside, other=0.0)
+        a = tl.abs(x)
         if STRICT:
             hit = (a > t) & inside
         else:
             hit = (a >= t) & inside
+        return x, a, hit
+
+    @triton.jit
+    def _hits(x_ptr, offs, n, t, STRICT: tl.constexpr):
+        # |x| at offs (0 past the end) and whether it passes t (> when STRICT, else ≥)
+        x, a, hit = _signed_hits(x_ptr, offs, n, t, STRICT)
         return a, hit
 
     @triton.jit

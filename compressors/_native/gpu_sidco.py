@@ -13,9 +13,10 @@ for the device and the device for the host. Here the thresholds stay on the devi
   threshold and shift from the board; its last program to finish adds the partials in a
   fixed order and writes the next threshold (the same float64 formulas as
   compressors/sidco.py); stage 1 is a statistics pass and one small program;
-- a compaction (the pools) is a counting pass per sub-block, a cumulative sum and a
-  writing pass into a buffer sized from the fraction expected to pass, so no size is read
-  on the host; the pools carry acc's positions and signed values, in ascending order;
+- a compaction (the pools) is one pass into a buffer sized from the fraction expected to
+  pass, so no size is read on the host: each tile's offset comes from a decoupled
+  look-back over the tiles before it; the pools carry acc's positions and signed values,
+  in ascending order;
 - the final selection is written the same way, and one copy to the host (`read`) brings
   back its size, the thresholds and the flags;
 - once the previous steps' thresholds are known (sidco._speculation_bounds), the first
@@ -41,7 +42,7 @@ from typing import NamedTuple
 import torch
 
 from compressors._native import gpu
-from compressors._native.gpu import BLOCK, SUB, SUB_WARPS, TILES, WARPS, _f32, _f64_bits, _grid
+from compressors._native.gpu import BLOCK, TILES, WARPS, _f32, _f64_bits, _grid
 from compressors.threshold import CANCELLATION, SAFE_MEAN
 
 triton, tl = gpu.triton, gpu.tl
@@ -60,17 +61,25 @@ FUSED_REDUCE = 512  # the same in a later stage's last program (fewer registers 
 SPEC_LIMIT = 2**31
 _COUNT_BITS = 31
 # The speculative read's tile (elements per program) and warps per program: ptxas for
-# sm_90 gives the kernel 110–128 registers a thread with 8 warps on 4096 elements (2
-# programs, 16 warps an SM) against 190–244 with 4 warps (2 programs, 8 warps). Not yet
-# tuned on a GPU.
+# sm_90 (Triton 3.8) gives the kernel 118 registers a thread with 8 warps on 4096 elements
+# (2 programs, 16 warps an SM), 138 with Σ ln|x| (SIDCo-P: one program an SM), so that
+# variant is capped at SPEC_MAXNREG (two programs again; ptxas spills 52 bytes a thread).
+# With 4 warps: 190–244 registers. Not yet tuned on a GPU.
 SPEC_BLOCK = 4096
 SPEC_WARPS = 8
+SPEC_MAXNREG = 128
+# A compaction's tile and warps (_compact_kernel: 116–126 registers a thread at 8 warps);
+# not yet tuned on a GPU either.
+COMPACT_BLOCK = 4096
+COMPACT_WARPS = 8
 # Polls of a predecessor's word before the speculative read gives up on it and flags the
 # step for the host path (a guard: a tile waits only for tiles already running).
 SPIN_LIMIT = 1 << 22
+# Predecessors' words a tile of the look-back reads at once (one per lane of a warp).
+LOOK_BACK = 32
 
 if triton is not None:
-    from compressors._native.gpu import _exceedances, _size, _sub_counts_kernel
+    from compressors._native.gpu import _exceedances, _signed_hits, _size
 
     # the constants above as the kernels take them
     _HEAD = tl.constexpr(HEAD)
@@ -79,6 +88,7 @@ if triton is not None:
     _MISS = tl.constexpr(FLAG_MISS)
     _BITS = tl.constexpr(_COUNT_BITS)
     _LOW = tl.constexpr((1 << _COUNT_BITS) - 1)
+    _LOOK_BACK = tl.constexpr(LOOK_BACK)
     _NONFINITE = tl.constexpr(FLAG_NONFINITE)
     _ZERO = tl.constexpr(FLAG_ZERO)
     _UNSAFE = tl.constexpr(FLAG_UNSAFE)
@@ -125,33 +135,48 @@ if triton is not None:
                        mid_ptr, mid_rows, w, u, pa, u_bits, False, SQUARES, MID, R)
 
     @triton.jit
+    def _publish(words_ptr, tile, local):
+        # a tile's own count (flag 1) for its successors' look-back (_running_offsets),
+        # as soon as it has one (tile 0 publishes its sum there instead)
+        if tile > 0:
+            tl.atomic_xchg(words_ptr + tile, (local << 2) | 1, sem="relaxed")
+
+    @triton.jit
     def _running_offsets(words_ptr, tile, local, SPIN: tl.constexpr):
         # The sum of `local` over the tiles before `tile` (a decoupled look-back, as in
         # Merrill & Garland's single-pass prefix scan): each tile's word holds its own
-        # count (flag 1) as soon as it has one, then the sum up to and including it (flag
-        # 2); a tile adds its predecessors' words back to the first sum it finds. Tiles
-        # are numbered in the order programs start (_spec_read_kernel's ticket), so every
+        # count (flag 1) as soon as it has one (_publish, called before this), then the
+        # sum up to and including it (flag 2); a tile adds its predecessors' words back
+        # to the first sum it finds, reading
+        # LOOK_BACK of them at a time (one round trip to L2 for a window, not one a word).
+        # Tiles are numbered in the order programs start (the callers' ticket), so every
         # tile waited on is running or done. Values are packed counts (no field carries
         # into the next while the counts stay below 2^_BITS), shifted past a 2-bit flag.
-        # A predecessor not heard from after SPIN polls (none should take more than a few)
-        # ends the wait: (prefix, False), the offsets unknown and the step to be redone.
-        if tile > 0:
-            tl.atomic_xchg(words_ptr + tile, (local << 2) | 1, sem="relaxed")
+        # A window that makes no progress for SPIN polls in a row (a predecessor never
+        # heard from; none should take more than a few) ends the wait: (prefix, False),
+        # the offsets unknown and the step to be redone.
+        lane = tl.arange(0, _LOOK_BACK)
         prefix = tl.zeros((), tl.uint64)
         target = tile - 1
+        polls = tl.zeros((), tl.int32)
         found = True
         while target >= 0:
-            word = tl.zeros((), tl.uint64)
-            polls = 0
-            while ((word & 3) == 0) & (polls < SPIN):
-                word = tl.atomic_add(words_ptr + target, 0, sem="relaxed")
-                polls += 1
-            prefix += word >> 2
-            if (word & 3) == 1:
-                target = target - 1
-            else:  # flag 2 (a sum from the start), or 0: given up
-                found = (word & 3) == 2
-                target = tl.full((), -1, tl.int64)
+            idx = target - lane  # the window: target, target − 1, ...
+            ok = idx >= 0
+            word = tl.atomic_add(words_ptr + idx, tl.zeros((_LOOK_BACK,), tl.uint64),
+                                 mask=ok, sem="relaxed")
+            word = tl.where(ok, word, 0)
+            flag = word & 3
+            # the first lane that ends the walk (a sum from the start, or before tile 0)
+            # and the first not heard from; the lanes before whichever comes first add up
+            stop = tl.min(tl.where((flag == 2) | (idx < 0), lane, _LOOK_BACK), axis=0)
+            gap = tl.min(tl.where((flag == 0) & ok, lane, _LOOK_BACK), axis=0)
+            done = stop < gap
+            take = tl.where(done, stop + 1, gap)
+            prefix += tl.sum(tl.where(lane < take, word >> 2, 0), axis=0)
+            polls = tl.where(take == 0, polls + 1, 0)
+            found = done | (polls < SPIN)
+            target = tl.where(done | (polls >= SPIN), -1, target - take)
         tl.atomic_xchg(words_ptr + tile, ((prefix + local) << 2) | 2, sem="relaxed")
         return prefix, found
 
@@ -186,6 +211,7 @@ if triton is not None:
         cp = tl.sum(hp, axis=0)
         words = (scratch_ptr + 1).to(tl.pointer_type(tl.uint64))
         local = (cp.to(tl.uint64) << _BITS) | cw.to(tl.uint64)
+        _publish(words, tile, local)
         before, found = _running_offsets(words, tile, local, SPIN)
         if not found:  # (writes below stay within the buffers; the step is redone)
             tl.atomic_or(board_ptr, _REDO)
@@ -324,28 +350,37 @@ if triton is not None:
         if flags != 0:
             tl.atomic_or(board_ptr, flags)
 
-    @triton.jit(do_not_specialize=["n", "slot", "cap"])
-    def _pool_write_kernel(x_ptr, n, n_ptr, t32_ptr, slot, counts_ptr, ends_ptr, pos_ptr,
-                           val_ptr, map_ptr, cap, board_ptr, STRICT: tl.constexpr,
-                           MAPPED: tl.constexpr, N_PTR: tl.constexpr, SUB: tl.constexpr):
-        # one sub-block per program: its hits' positions (through map_ptr when MAPPED: a
-        # pool's acc positions) and signed values, in order, at most `cap` of them in all
-        pid = tl.program_id(0)
-        mine = tl.load(counts_ptr + pid)
+    @triton.jit(do_not_specialize=["n", "slot", "cap", "base_slot", "base_cap"])
+    def _compact_kernel(x_ptr, n, n_ptr, t32_ptr, slot, words_ptr, pos_ptr, val_ptr, map_ptr,
+                        cap, count_ptr, board_ptr, base_slot, base_n_ptr, base_cap,
+                        STRICT: tl.constexpr, MAPPED: tl.constexpr, N_PTR: tl.constexpr,
+                        FINAL: tl.constexpr, HAS_BASE: tl.constexpr, BLOCK: tl.constexpr,
+                        SPIN: tl.constexpr):
+        # A compaction in one pass, one tile of BLOCK per program: the elements with
+        # |x| > t (≥ t when not STRICT), t in `slot`, as positions (acc's: through map_ptr
+        # when MAPPED) and signed values, in the source's order, at most `cap` of them
+        # (a pool past its buffer is flagged); each tile's offset from the decoupled
+        # look-back over the tiles before it (words_ptr: the ticket, then one word per
+        # tile, all zero before). The last tile writes the count before the cap into
+        # count_ptr; with FINAL it also writes the selection's size into board[1] and,
+        # with a pool under it (HAS_BASE), flags REDO unless the pool holds every element
+        # at or above t: t above the pool's bound (in `base_slot`, float32) and the pool
+        # not empty.
+        tile = tl.atomic_add(words_ptr, 1)  # int64: the tiles in the order programs start
+        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        t = tl.load(t32_ptr + slot)
+        x, a, hit = _signed_hits(x_ptr, offs, _size(n, n_ptr, N_PTR), t, STRICT)
+        h = hit.to(tl.int32)
+        mine = tl.sum(h, axis=0)
+        words = (words_ptr + 1).to(tl.pointer_type(tl.uint64))
+        _publish(words, tile, mine.to(tl.uint64))
+        before, found = _running_offsets(words, tile, mine.to(tl.uint64), SPIN)
+        if not found:  # (writes below stay within the buffers; the step is redone)
+            tl.atomic_or(board_ptr, _REDO)
+        start = before.to(tl.int64)
+        end = start + mine
         if mine > 0:
-            size = _size(n, n_ptr, N_PTR)
-            offs = pid.to(tl.int64) * SUB + tl.arange(0, SUB)
-            inside = offs < size
-            x = tl.load(x_ptr + offs, mask=inside, other=0.0)
-            a = tl.abs(x)
-            t = tl.load(t32_ptr + slot)
-            if STRICT:
-                hit = (a > t) & inside
-            else:
-                hit = (a >= t) & inside
-            h = hit.to(tl.int32)
-            end = tl.load(ends_ptr + pid)
-            dst = end - mine + (tl.cumsum(h, axis=0) - h).to(tl.int64)
+            dst = start + (tl.cumsum(h, axis=0) - h).to(tl.int64)
             keep = hit & (dst < cap)
             if MAPPED:
                 src = tl.load(map_ptr + offs, mask=keep, other=0)
@@ -355,20 +390,15 @@ if triton is not None:
             tl.store(val_ptr + dst, x, mask=keep)
             if end > cap:
                 tl.atomic_or(board_ptr, _OVERFLOW)
-
-    @triton.jit(do_not_specialize=["slot", "base_slot", "cap", "base_cap"])
-    def _final_check_kernel(board_ptr, t32_ptr, slot, base_slot, total_ptr, cap, base_n_ptr,
-                            base_cap, HAS_BASE: tl.constexpr):
-        # the final selection's size into board[1]; with a pool (HAS_BASE), it must hold
-        # every element at or above the final threshold: the threshold above the pool's
-        # (as float32) and the pool not empty, else the host path selects from acc
-        tl.store(board_ptr + 1, tl.minimum(tl.load(total_ptr), cap))
-        if HAS_BASE:
-            t = tl.load(t32_ptr + slot)
-            base = tl.load(t32_ptr + base_slot)
-            empty = tl.minimum(tl.load(base_n_ptr), base_cap) == 0
-            if (t <= base) | (t != t) | empty:
-                tl.atomic_or(board_ptr, _REDO)
+        if tile == tl.num_programs(0) - 1:
+            tl.store(count_ptr, end)
+            if FINAL:
+                tl.store(board_ptr + 1, tl.minimum(end, cap))
+                if HAS_BASE:
+                    base = tl.load(t32_ptr + base_slot)
+                    empty = tl.minimum(tl.load(base_n_ptr), base_cap) == 0
+                    if (t <= base) | (t != t) | empty:
+                        tl.atomic_or(board_ptr, _REDO)
 
 
 class Pool(NamedTuple):
@@ -397,16 +427,30 @@ class Speculative(NamedTuple):
 class Stages:
     """One SIDCo step's device state (see the module docstring): thresholds in `slots`
     numbered from 0, the first stage's in slot 0. A pool's buffer holds `room` times the
-    elements expected to pass (and 4096)."""
+    elements expected to pass (and 4096). At most `slots` + 1 passes that compact (the
+    speculative read, `compact`, `final`) per step."""
 
     def __init__(self, acc: torch.Tensor, slots: int, room: float = 4.0):
         if not gpu.supports(acc):
             raise TypeError("Stages takes a contiguous float32 tensor on the current CUDA "
                             "device (or a CPU one under Triton's interpreter)")
         self.acc, self.room, self.slots = acc, room, slots
-        # then one counter per slot: the programs of the stage fitted into it that are done
-        self.board = torch.zeros(HEAD + 2 * slots, dtype=torch.int64, device=acc.device)
+        # The board, zeroed once: the head and thresholds, then one counter per slot (the
+        # programs of the stage fitted into it that are done), then the scratch the passes
+        # that compact take their look-back words and counts from (_scratch): enough for
+        # slots + 1 of them over acc, each region 16-byte aligned.
+        tiles = -(-acc.numel() // min(SPEC_BLOCK, COMPACT_BLOCK))
+        self._free = _even(HEAD + 2 * slots)
+        self.board = torch.zeros(self._free + (slots + 1) * _even(tiles + 4),
+                                 dtype=torch.int64, device=acc.device)
         self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
+
+    def _scratch(self, words: int) -> torch.Tensor:
+        """`words` zeroed int64 words of the board's scratch, not handed out before."""
+        at, self._free = self._free, self._free + _even(words)
+        if self._free > self.board.numel():
+            raise RuntimeError("Stages: more passes that compact than it was sized for")
+        return self.board[at:at + words]
 
     def source(self) -> Pool:
         return Pool(self.acc, None, None, self.acc.numel())
@@ -460,18 +504,19 @@ class Stages:
         cap_p = min(n, math.ceil(self.room * keep_pool * n) + 4096)
         part = torch.empty((gpu._STATS, progs), dtype=torch.float64, device=device)
         mid = torch.empty((3, progs), dtype=torch.float64, device=device)
-        scratch = torch.zeros(progs + 1, dtype=torch.int64, device=device)
+        scratch = self._scratch(progs + 1)
         win = torch.empty(cap_w, dtype=acc.dtype, device=device)
         positions = torch.empty(cap_p, dtype=torch.int64, device=device)
         values = torch.empty(cap_p, dtype=acc.dtype, device=device)
-        totals = torch.empty(2, dtype=torch.int64, device=device)
+        totals = self._scratch(2)
         bounds = (_f32(window), _f32(upper), _f32(pool_above))
         _spec_read_kernel[(progs,)](acc, n, *bounds, _f64_bits(bounds[1]),
                                     _f64_bits(bounds[2]), pa_slot, part, mid, scratch, win,
                                     cap_w,
                                     positions, values, cap_p, totals, self.board, self.t32,
                                     SQUARES=squares, MID_SQUARES=mid_squares, LOGS=logs,
-                                    BLOCK=SPEC_BLOCK, SPIN=spin, num_warps=SPEC_WARPS)
+                                    BLOCK=SPEC_BLOCK, SPIN=spin, num_warps=SPEC_WARPS,
+                                    maxnreg=SPEC_MAXNREG if logs else None)
         return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
                            Pool(values, positions, totals[1:2], cap_p))
 
@@ -483,53 +528,54 @@ class Stages:
         self.later(spec.window, 0, 1, above=True, gp=gp, ratio=ratio, spec=spec)
 
     def compact(self, src: Pool, slot: int, keep: float, strict: bool = True,
-                cap: int | None = None) -> tuple[Pool, torch.Tensor]:
+                cap: int | None = None) -> Pool:
         """The elements of `src` with |x| > t (≥ t when not strict), t in `slot`, into a
         new pool of `cap` entries (by default `room` times the `keep` fraction expected to
-        pass, and 4096; never more than src's); a pool that would outgrow it is flagged.
-        Also returns the cumulative hit counts (their last: the size before the cap)."""
+        pass, and 4096; never more than src's), in one pass (_compact_kernel); a pool
+        that would outgrow it is flagged, and its count is the size before the cap."""
         if cap is None:
             cap = min(src.cap, math.ceil(self.room * keep * src.cap) + 4096)
-        device = self.acc.device
-        nsub = -(-src.cap // SUB)
-        counts = torch.empty(nsub, dtype=torch.int32, device=device)
-        n_arg = _count(src)
-        _sub_counts_kernel[_grid(src.cap, BLOCK)](
-            src.values, src.cap, n_arg, self.t32[slot:slot + 1], counts, nsub, counts,
-            STRICT=strict, CHECK=False, BLOCK=BLOCK, SUB=SUB, T_PTR=True,
-            N_PTR=src.count is not None, num_warps=WARPS)
-        ends = torch.cumsum(counts, 0, dtype=torch.int64)
-        positions = torch.empty(cap, dtype=torch.int64, device=device)
-        values = torch.empty(cap, dtype=self.acc.dtype, device=device)
-        mapped = src.positions is not None
-        _pool_write_kernel[(nsub,)](
-            src.values, src.cap, n_arg, self.t32, slot, counts, ends, positions, values,
-            src.positions if mapped else positions, cap, self.board, STRICT=strict,
-            MAPPED=mapped, N_PTR=src.count is not None, SUB=SUB, num_warps=SUB_WARPS)
-        return Pool(values, positions, ends[-1:], cap), ends
+        return self._compact(src, slot, cap, strict)
 
     def final(self, src: Pool, slot: int, base: Pool | None, base_slot: int,
               cap: int | None = None) -> Pool:
         """The selection {|x| ≥ t}, t in `slot`, from `src` (acc, or a pool compacted at
         the threshold in `base_slot`, `base` that pool); its size into board[1]."""
-        out, ends = self.compact(src, slot, 1.0, strict=False,
-                                 cap=src.cap if cap is None else min(cap, src.cap))
-        has_base = base is not None
-        _final_check_kernel[(1,)](self.board, self.t32, slot, base_slot if has_base else slot,
-                                  ends[-1:], out.cap, base.count if has_base else ends,
-                                  base.cap if has_base else 0, HAS_BASE=has_base)
-        return out
+        return self._compact(src, slot, src.cap if cap is None else min(cap, src.cap),
+                             strict=False, final=True, base=base, base_slot=base_slot)
+
+    def _compact(self, src: Pool, slot: int, cap: int, strict: bool, final: bool = False,
+                 base: Pool | None = None, base_slot: int = 0) -> Pool:
+        device = self.acc.device
+        progs = max(1, -(-src.cap // COMPACT_BLOCK))
+        words = self._scratch(progs + 1)
+        count = self._scratch(1)
+        positions = torch.empty(cap, dtype=torch.int64, device=device)
+        values = torch.empty(cap, dtype=self.acc.dtype, device=device)
+        mapped, has_base = src.positions is not None, base is not None
+        _compact_kernel[(progs,)](
+            src.values, src.cap, _count(src), self.t32, slot, words, positions, values,
+            src.positions if mapped else positions, cap, count, self.board, base_slot,
+            base.count if has_base else count, base.cap if has_base else 0, STRICT=strict,
+            MAPPED=mapped, N_PTR=src.count is not None, FINAL=final, HAS_BASE=has_base,
+            BLOCK=COMPACT_BLOCK, SPIN=SPIN_LIMIT, num_warps=COMPACT_WARPS)
+        return Pool(values, positions, count, cap)
 
     def read(self) -> tuple[int, int, list[float]]:
         """(flags, the final selection's size, every slot's threshold): the one copy to
         the host, which waits for everything before it."""
-        got = self.board.tolist()
+        got = self.board[:HEAD + self.slots].tolist()
         return got[0], got[1], [_from_bits(b) for b in got[HEAD:HEAD + self.slots]]
 
 
 def _count(src: Pool) -> torch.Tensor:
     """The count pointer a kernel takes (the source itself where it has none: unused)."""
     return src.values if src.count is None else src.count
+
+
+def _even(words: int) -> int:
+    """words rounded up to a multiple of 2 (16 bytes of int64)."""
+    return words + (words & 1)
 
 
 def _from_bits(bits: int) -> float:
