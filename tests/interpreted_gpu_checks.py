@@ -453,6 +453,15 @@ def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict)
     stages.compact(pool, 1, 0.0, cap=n)
     with pytest.raises(RuntimeError, match="more passes that compact"):
         stages.compact(pool, 1, 0.0, cap=n)
+    # and its partials' buffer for the speculative read's and one later stage's a slot
+    stages = dev.Stages(acc, 1)
+    stages.set(0, t0)
+    tiles = -(-n // dev.SPEC_BLOCK)
+    stages._partials(7, tiles), stages._partials(3, tiles)
+    stages.later(stages.source(), 0, 0, above=True, gp=False, ratio=0.1)
+    assert stages.read()[2][0] > t0
+    with pytest.raises(RuntimeError, match="more partials"):
+        stages._partials(1, 1)
 
 
 def test_sidco_device_compaction_gives_up_on_a_silent_tile():

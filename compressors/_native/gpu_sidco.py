@@ -444,6 +444,20 @@ class Stages:
         self.board = torch.zeros(self._free + (slots + 1) * _even(tiles + 4),
                                  dtype=torch.int64, device=acc.device)
         self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
+        # The partials (float64) of the speculative read (stage 1's rows and the mid's) and
+        # of each later stage, carved from one buffer (_partials)
+        spec = (gpu._STATS + 3) * _even(-(-acc.numel() // SPEC_BLOCK))
+        later = slots * 3 * _even(_grid(acc.numel(), BLOCK * TILES)[0])
+        self._f64 = torch.empty(spec + later, dtype=torch.float64, device=acc.device)
+        self._f64_free = 0
+
+    def _partials(self, rows: int, cols: int) -> torch.Tensor:
+        """A (rows, cols) float64 block of the partials' buffer, not handed out before."""
+        at = self._f64_free
+        self._f64_free += rows * _even(cols)
+        if self._f64_free > self._f64.numel():
+            raise RuntimeError("Stages: more partials than it was sized for")
+        return self._f64[at:at + rows * cols].view(rows, cols)
 
     def _scratch(self, words: int) -> torch.Tensor:
         """`words` zeroed int64 words of the board's scratch, not handed out before."""
@@ -473,7 +487,7 @@ class Stages:
         """A later stage: fit y = |x| − t over the elements of `src` above t (all of them
         when not `above`: a pool compacted at t), t in slot_in; the result into slot_out."""
         grid = _grid(src.cap, BLOCK * TILES)
-        part = torch.empty((3, grid[0]), dtype=torch.float64, device=self.acc.device)
+        part = self._partials(3, grid[0])
         mid = part if spec is None else spec.mid
         # (without spec unused; u = 1 so that u_bits is passed as i64 either way)
         w, u, pa = (0.0, 1.0, 0.0) if spec is None else spec.bounds
@@ -502,8 +516,8 @@ class Stages:
         progs = -(-n // SPEC_BLOCK)
         cap_w = min(n, math.ceil(self.room * keep_window * n) + 4096)
         cap_p = min(n, math.ceil(self.room * keep_pool * n) + 4096)
-        part = torch.empty((gpu._STATS, progs), dtype=torch.float64, device=device)
-        mid = torch.empty((3, progs), dtype=torch.float64, device=device)
+        part = self._partials(gpu._STATS, progs)
+        mid = self._partials(3, progs)
         scratch = self._scratch(progs + 1)
         win = torch.empty(cap_w, dtype=acc.dtype, device=device)
         positions = torch.empty(cap_p, dtype=torch.int64, device=device)
