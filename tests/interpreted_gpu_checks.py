@@ -466,7 +466,9 @@ def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict)
 
 def test_sidco_device_compaction_gives_up_on_a_silent_tile():
     # as the speculative read: a tile whose predecessor never publishes (no program takes
-    # tile 0) stops waiting after SPIN polls and flags the step for the host path
+    # tile 0: tickets start at 1) stops waiting after SPIN polls and flags the step for
+    # the host path (the count, written by the tile with the last ticket, is not checked:
+    # the step is redone)
     from compressors._native import gpu_sidco as dev
 
     progs = 4
@@ -506,34 +508,43 @@ def _look_back(words: list[int], tile: int, local: int, spin: int) -> tuple[int,
     return int(out[0]), bool(out[1]), int(buf[tile])
 
 
-@pytest.mark.parametrize("case", ["sum_far_back", "sum_at_window_edges", "none_to_the_start",
-                                  "first_tile", "sum_just_before", "silent_tile"])
+# tile: (its number, tiles with an inclusive sum (flag 2), tiles never heard from (flag 0),
+# the first tile whose count the prefix holds, found); the rest publish their count (flag
+# 1). With tile 70 the first window reads tiles 69..38, the second 37..6.
+LOOK_BACK_CASES = {
+    "sum_far_back": (70, [5], [], 5, True),
+    "sum_at_the_end_of_a_window": (70, [38], [], 38, True),
+    "sum_at_the_start_of_the_next": (70, [37], [], 37, True),
+    "sum_nearer_than_a_gap": (70, [60], [50], 60, True),
+    "gap_nearer_than_a_sum": (70, [50], [60], 61, False),  # what it added before it
+    "none_to_the_start": (40, [], [], 0, True),
+    "first_tile": (0, [], [], 0, True),
+    "sum_just_before": (33, [32], [], 32, True),
+    "silent_tile": (50, [], [20], 21, False),
+}
+
+
+@pytest.mark.parametrize("case", sorted(LOOK_BACK_CASES))
 def test_look_back_adds_words_back_to_the_first_sum(case):
     # the look-back's window of LOOK_BACK words: aggregates (flag 1) added back to the
-    # nearest inclusive sum (flag 2) or tile 0, across windows; a tile never heard from
-    # ends the wait after SPIN polls with found False
+    # nearest inclusive sum (flag 2, whose value counts from tile 0) or tile 0, across
+    # windows; a tile never heard from ends the wait after SPIN polls with found False
     from compressors._native import gpu_sidco as dev
 
     assert dev.LOOK_BACK == 32
+    tile, inclusive, gaps, first, want_found = LOOK_BACK_CASES[case]
     g = torch.Generator().manual_seed(len(case))
-    tile = {"sum_far_back": 70, "sum_at_window_edges": 70, "none_to_the_start": 40,
-            "first_tile": 0, "sum_just_before": 33, "silent_tile": 50}[case]
     agg = torch.randint(0, 1 << 20, (tile + 8,), generator=g).tolist()
     flags = [1] * len(agg)
-    inclusive = {"sum_far_back": [5], "sum_at_window_edges": [37, 38],
-                 "sum_just_before": [32]}.get(case, [])
     for t in inclusive:
         flags[t] = 2
-    if case == "silent_tile":
-        flags[20] = 0
+    for t in gaps:
+        flags[t] = 0
     words = [(a << 2) | f if f else 0 for a, f in zip(agg, flags)]
     words[tile:] = [0] * (len(words) - tile)
     local = 12_345
     prefix, found, mine = _look_back(words, tile, local, spin=4)
-    if case == "silent_tile":  # what it had added before it stopped at tile 20
-        assert not found and prefix == sum(agg[21:tile])
-    else:  # from the nearest inclusive sum (its value counts from tile 0), or tile 0
-        assert found and prefix == sum(agg[max(inclusive, default=0):tile])
+    assert found == want_found and prefix == sum(agg[first:tile])
     assert mine == ((prefix + local) << 2) | 2
 
 

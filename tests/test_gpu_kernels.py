@@ -60,10 +60,16 @@ def _compile_cases():
 
 def _with_narrow_sizes(kernel, args, variants):
     # Triton types an int argument by its value: n (and a capacity) below 2^31 is i32.
-    # SIDCo's device kernels run at both widths (the speculative read only below 2^31).
+    # SIDCo's device kernels run at both widths (the speculative read only below 2^31),
+    # and a pool's capacities can be narrow while n is not.
     yield kernel, args, variants
     if kernel.__name__ in ("_later_stats_kernel", "_compact_kernel"):
-        yield kernel, args.replace("n:i64", "n:i32").replace("cap:i64", "cap:i32"), variants
+        def narrow(names):
+            return " ".join(a.replace(":i64", ":i32") if a.split(":")[0] in names else a
+                            for a in args.split())
+        yield kernel, narrow({"n", "cap", "base_cap"}), variants
+        if kernel.__name__ == "_compact_kernel":
+            yield kernel, narrow({"cap", "base_cap"}), variants
 
 
 def _kernel_cases():
@@ -266,3 +272,30 @@ def test_cuda_sidco_keeps_its_thresholds_on_the_device(monkeypatch, name):
     for d, h in zip(device, host):
         assert torch.equal(d.sent.indices, h.sent.indices)
         assert torch.equal(d.sent.values, h.sent.values)
+
+
+@pytest.mark.gpu
+def test_cuda_compactions_in_one_pass_equal_nonzero():
+    # SIDCo's one-pass compactions (decoupled look-back), whose tiles run concurrently
+    # only on a GPU: thousands of tiles, from acc, from a pool, and the final selection
+    from compressors._native import gpu_sidco as dev
+
+    acc = _laplace(20_000_003, seed=5).cuda()
+    a = acc.abs()
+    t = [float(a.kthvalue(int(q * acc.numel())).values) for q in (0.5, 0.93, 0.999)]
+    stages = dev.Stages(acc, 3)
+    for slot, value in enumerate(t):
+        stages.set(slot, value)
+    pool = stages.compact(stages.source(), 0, 0.0, cap=acc.numel())
+    inner = stages.compact(pool, 1, 0.0, cap=acc.numel() // 8)
+    out = stages.final(inner, 2, inner, 1)
+    flags, total, _ = stages.read()
+    assert flags == 0
+    for got, want in ((pool, a > t[0]), (inner, a > t[1])):
+        want = torch.nonzero(want).squeeze(1)
+        assert int(got.count) == want.numel()
+        assert torch.equal(got.positions[:want.numel()], want)
+        assert torch.equal(got.values[:want.numel()], acc[want])
+    want = torch.nonzero(a >= t[2]).squeeze(1)
+    assert total == want.numel() > 0
+    assert torch.equal(out.positions[:total], want) and torch.equal(out.values[:total], acc[want])

@@ -163,6 +163,8 @@ if triton is not None:
         while target >= 0:
             idx = target - lane  # the window: target, target − 1, ...
             ok = idx >= 0
+            # an atomic read on purpose: Triton issues it from one warp and broadcasts it,
+            # so every warp takes the same branch (a volatile load is read by each warp)
             word = tl.atomic_add(words_ptr + idx, tl.zeros((_LOOK_BACK,), tl.uint64),
                                  mask=ok, sem="relaxed")
             word = tl.where(ok, word, 0)
