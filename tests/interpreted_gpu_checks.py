@@ -457,11 +457,11 @@ def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict)
     stages = dev.Stages(acc, 1)
     stages.set(0, t0)
     tiles = -(-n // dev.SPEC_BLOCK)
-    stages._partials(7, tiles), stages._partials(3, tiles)
+    stages._partials.take(7, tiles), stages._partials.take(3, tiles)
     stages.later(stages.source(), 0, 0, above=True, gp=False, ratio=0.1)
     assert stages.read()[2][0] > t0
     with pytest.raises(RuntimeError, match="more partials"):
-        stages._partials(1, 1)
+        stages._partials.take(1)
 
 
 def test_sidco_device_compaction_gives_up_on_a_silent_tile():
@@ -492,9 +492,8 @@ def test_sidco_device_compaction_gives_up_on_a_silent_tile():
 def _look_back_probe(words_ptr, tile, local_ptr, out_ptr, SPIN: kernels.tl.constexpr):
     tl = kernels.tl
     local = tl.load(local_ptr.to(tl.pointer_type(tl.uint64)))
-    words = words_ptr.to(tl.pointer_type(tl.uint64))
-    gpu_sidco._publish(words, tile, local)
-    prefix, found = gpu_sidco._running_offsets(words, tile, local, SPIN)
+    prefix, found = gpu_sidco._running_offsets(words_ptr.to(tl.pointer_type(tl.uint64)),
+                                               tile, local, SPIN)
     tl.store(out_ptr, prefix.to(tl.int64))
     tl.store(out_ptr + 1, found.to(tl.int64))
 

@@ -79,14 +79,10 @@ def _kernel_cases():
     b, sub, tiles = gpu.BLOCK, gpu.SUB, gpu.TILES
     flags2 = [(a, c) for a in (False, True) for c in (False, True)]
     return [
-        (gpu._sub_counts_kernel, f"{x_n} n_ptr:*i32 t:fp32 counts_ptr:*i32 nsub:i64 "
-         "flag_ptr:*i64",
-         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=False, N_PTR=False)
-          for s, c in flags2]),
-        (gpu._sub_counts_kernel, f"{x_n} n_ptr:*i64 t:*fp32 counts_ptr:*i32 nsub:i64 "
-         "flag_ptr:*i64",
-         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=True, N_PTR=p)
-          for s, c in flags2 for p in (False, True)]),
+        (gpu._sub_counts_kernel, f"{x_n} t:fp32 counts_ptr:*i32 nsub:i64 flag_ptr:*i64",
+         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=False) for s, c in flags2]),
+        (gpu._sub_counts_kernel, f"{x_n} t:*fp32 counts_ptr:*i32 nsub:i64 flag_ptr:*i64",
+         [dict(STRICT=s, CHECK=c, BLOCK=b, SUB=sub, T_PTR=True) for s, c in flags2]),
         (gpu._select_kernel, f"{x_n} t:fp32 counts_ptr:*i32 ends_ptr:*i64 idx_ptr:*i64 "
          "val_ptr:*fp32 map_ptr:*i64",
          [dict(STRICT=s, VALUES=v, MAPPED=m, SUB=sub, T_PTR=False)

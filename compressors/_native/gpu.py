@@ -102,15 +102,6 @@ if triton is not None:
             return t
 
     @triton.jit
-    def _size(n, n_ptr, N_PTR: tl.constexpr):
-        # the elements of a source: n, or (N_PTR) a count read on the device, at most n
-        # (a buffer's capacity of which the first count are used)
-        if N_PTR:
-            return tl.minimum(tl.load(n_ptr), n)
-        else:
-            return n
-
-    @triton.jit
     def _signed_hits(x_ptr, offs, n, t, STRICT: tl.constexpr):
         # x and |x| at offs (0 past the end) and whether |x| passes t (> when STRICT,
         # else ≥)
@@ -130,15 +121,14 @@ if triton is not None:
         return a, hit
 
     @triton.jit
-    def _sub_counts_kernel(x_ptr, n, n_ptr, t, counts_ptr, nsub, flag_ptr,
-                           STRICT: tl.constexpr, CHECK: tl.constexpr, BLOCK: tl.constexpr,
-                           SUB: tl.constexpr, T_PTR: tl.constexpr, N_PTR: tl.constexpr):
+    def _sub_counts_kernel(x_ptr, n, t, counts_ptr, nsub, flag_ptr, STRICT: tl.constexpr,
+                           CHECK: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                           T_PTR: tl.constexpr):
         # hits per sub-block of SUB elements (BLOCK // SUB of them per program); CHECK:
-        # programs that saw a NaN or an Inf add 1 to flag_ptr[0] (the folded check);
-        # N_PTR: x holds n_ptr[0] elements (at most n), a count on the device
+        # programs that saw a NaN or an Inf add 1 to flag_ptr[0] (the folded check)
         pid = tl.program_id(0)
         offs = pid.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        a, hit = _hits(x_ptr, offs, _size(n, n_ptr, N_PTR), _threshold(t, T_PTR), STRICT)
+        a, hit = _hits(x_ptr, offs, n, _threshold(t, T_PTR), STRICT)
         per_sub = tl.sum(tl.reshape(hit.to(tl.int32), (BLOCK // SUB, SUB)), axis=1)
         sub = pid.to(tl.int64) * (BLOCK // SUB) + tl.arange(0, BLOCK // SUB)
         tl.store(counts_ptr + sub, per_sub, mask=sub < nsub)
@@ -447,10 +437,9 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
     counts = torch.empty(nsub, dtype=torch.int32, device=x.device)
     flag = torch.zeros(1, dtype=torch.int64, device=x.device) if check_finite else counts
     if nsub:
-        _sub_counts_kernel[_grid(n, BLOCK)](x, n, counts, t, counts, nsub, flag,
-                                            STRICT=strict, CHECK=check_finite, BLOCK=BLOCK,
-                                            SUB=SUB, T_PTR=on_device, N_PTR=False,
-                                            num_warps=WARPS)
+        _sub_counts_kernel[_grid(n, BLOCK)](x, n, t, counts, nsub, flag, STRICT=strict,
+                                            CHECK=check_finite, BLOCK=BLOCK, SUB=SUB,
+                                            T_PTR=on_device, num_warps=WARPS)
     ends = torch.cumsum(counts, 0, dtype=torch.int64)
     if check_finite:
         total, bad = torch.cat((ends[-1:], flag)).tolist() if nsub else (0, 0)

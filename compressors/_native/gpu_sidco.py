@@ -72,14 +72,15 @@ SPEC_MAXNREG = 128
 # not yet tuned on a GPU either.
 COMPACT_BLOCK = 4096
 COMPACT_WARPS = 8
-# Polls of a predecessor's word before the speculative read gives up on it and flags the
-# step for the host path (a guard: a tile waits only for tiles already running).
+# Polls of the look-back's window without progress before a tile (of the speculative read
+# or a compaction) gives up and flags the step for the host path (a guard: a tile waits
+# only for tiles already running).
 SPIN_LIMIT = 1 << 22
 # Predecessors' words a tile of the look-back reads at once (one per lane of a warp).
 LOOK_BACK = 32
 
 if triton is not None:
-    from compressors._native.gpu import _exceedances, _signed_hits, _size
+    from compressors._native.gpu import _exceedances, _signed_hits
 
     # the constants above as the kernels take them
     _HEAD = tl.constexpr(HEAD)
@@ -95,6 +96,15 @@ if triton is not None:
     _SAFE_LOW = tl.constexpr(SAFE_LOW)
     _SAFE_HIGH = tl.constexpr(SAFE_HIGH)
     _CANCEL = tl.constexpr(CANCELLATION)
+
+    @triton.jit
+    def _size(n, n_ptr, N_PTR: tl.constexpr):
+        # the elements of a source: n, or (N_PTR) a count read on the device, at most n
+        # (a pool's capacity of which the first count are used)
+        if N_PTR:
+            return tl.minimum(tl.load(n_ptr), n)
+        else:
+            return n
 
     @triton.jit(do_not_specialize=["n", "slot", "done_ptr", "slot_out", "minus_log_bits",
                                    "mid_rows", "u_bits"])
@@ -135,19 +145,11 @@ if triton is not None:
                        mid_ptr, mid_rows, w, u, pa, u_bits, False, SQUARES, MID, R)
 
     @triton.jit
-    def _publish(words_ptr, tile, local):
-        # a tile's own count (flag 1) for its successors' look-back (_running_offsets),
-        # as soon as it has one (tile 0 publishes its sum there instead)
-        if tile > 0:
-            tl.atomic_xchg(words_ptr + tile, (local << 2) | 1, sem="relaxed")
-
-    @triton.jit
     def _running_offsets(words_ptr, tile, local, SPIN: tl.constexpr):
         # The sum of `local` over the tiles before `tile` (a decoupled look-back, as in
         # Merrill & Garland's single-pass prefix scan): each tile's word holds its own
-        # count (flag 1) as soon as it has one (_publish, called before this), then the
-        # sum up to and including it (flag 2); a tile adds its predecessors' words back
-        # to the first sum it finds, reading
+        # count (flag 1) as soon as it has one, then the sum up to and including it (flag
+        # 2); a tile adds its predecessors' words back to the first sum it finds, reading
         # LOOK_BACK of them at a time (one round trip to L2 for a window, not one a word).
         # Tiles are numbered in the order programs start (the callers' ticket), so every
         # tile waited on is running or done. Values are packed counts (no field carries
@@ -155,6 +157,8 @@ if triton is not None:
         # A window that makes no progress for SPIN polls in a row (a predecessor never
         # heard from; none should take more than a few) ends the wait: (prefix, False),
         # the offsets unknown and the step to be redone.
+        if tile > 0:
+            tl.atomic_xchg(words_ptr + tile, (local << 2) | 1, sem="relaxed")
         lane = tl.arange(0, _LOOK_BACK)
         prefix = tl.zeros((), tl.uint64)
         target = tile - 1
@@ -213,7 +217,6 @@ if triton is not None:
         cp = tl.sum(hp, axis=0)
         words = (scratch_ptr + 1).to(tl.pointer_type(tl.uint64))
         local = (cp.to(tl.uint64) << _BITS) | cw.to(tl.uint64)
-        _publish(words, tile, local)
         before, found = _running_offsets(words, tile, local, SPIN)
         if not found:  # (writes below stay within the buffers; the step is redone)
             tl.atomic_or(board_ptr, _REDO)
@@ -375,7 +378,6 @@ if triton is not None:
         h = hit.to(tl.int32)
         mine = tl.sum(h, axis=0)
         words = (words_ptr + 1).to(tl.pointer_type(tl.uint64))
-        _publish(words, tile, mine.to(tl.uint64))
         before, found = _running_offsets(words, tile, mine.to(tl.uint64), SPIN)
         if not found:  # (writes below stay within the buffers; the step is redone)
             tl.atomic_or(board_ptr, _REDO)
@@ -442,31 +444,17 @@ class Stages:
         # that compact take their look-back words and counts from (_scratch): enough for
         # slots + 1 of them over acc, each region 16-byte aligned.
         tiles = -(-acc.numel() // min(SPEC_BLOCK, COMPACT_BLOCK))
-        self._free = _even(HEAD + 2 * slots)
-        self.board = torch.zeros(self._free + (slots + 1) * _even(tiles + 4),
-                                 dtype=torch.int64, device=acc.device)
+        head = _even(HEAD + 2 * slots)
+        self.board = torch.zeros(head + (slots + 1) * _even(tiles + 4), dtype=torch.int64,
+                                 device=acc.device)
+        self._scratch = _Region(self.board, head, "passes that compact")
         self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
         # The partials (float64) of the speculative read (stage 1's rows and the mid's) and
-        # of each later stage, carved from one buffer (_partials)
+        # of each later stage, carved from one buffer
         spec = (gpu._STATS + 3) * _even(-(-acc.numel() // SPEC_BLOCK))
         later = slots * 3 * _even(_grid(acc.numel(), BLOCK * TILES)[0])
-        self._f64 = torch.empty(spec + later, dtype=torch.float64, device=acc.device)
-        self._f64_free = 0
-
-    def _partials(self, rows: int, cols: int) -> torch.Tensor:
-        """A (rows, cols) float64 block of the partials' buffer, not handed out before."""
-        at = self._f64_free
-        self._f64_free += rows * _even(cols)
-        if self._f64_free > self._f64.numel():
-            raise RuntimeError("Stages: more partials than it was sized for")
-        return self._f64[at:at + rows * cols].view(rows, cols)
-
-    def _scratch(self, words: int) -> torch.Tensor:
-        """`words` zeroed int64 words of the board's scratch, not handed out before."""
-        at, self._free = self._free, self._free + _even(words)
-        if self._free > self.board.numel():
-            raise RuntimeError("Stages: more passes that compact than it was sized for")
-        return self.board[at:at + words]
+        self._partials = _Region(
+            torch.empty(spec + later, dtype=torch.float64, device=acc.device), 0, "partials")
 
     def source(self) -> Pool:
         return Pool(self.acc, None, None, self.acc.numel())
@@ -489,7 +477,7 @@ class Stages:
         """A later stage: fit y = |x| − t over the elements of `src` above t (all of them
         when not `above`: a pool compacted at t), t in slot_in; the result into slot_out."""
         grid = _grid(src.cap, BLOCK * TILES)
-        part = self._partials(3, grid[0])
+        part = self._partials.take(3, grid[0])
         mid = part if spec is None else spec.mid
         # (without spec unused; u = 1 so that u_bits is passed as i64 either way)
         w, u, pa = (0.0, 1.0, 0.0) if spec is None else spec.bounds
@@ -502,15 +490,14 @@ class Stages:
 
     def speculate(self, window: float, upper: float, pool_above: float, pa_slot: int,
                   squares: bool, mid_squares: bool, logs: bool,
-                  keep_window: float, keep_pool: float,
-                  spin: int = SPIN_LIMIT) -> Speculative:
+                  keep_window: float, keep_pool: float) -> Speculative:
         """The speculative first read of acc (_spec_read_kernel) with bounds from the
         previous steps (float32 as the comparisons see them): stage 1's partials (7 rows,
         Σx² when `squares`, nonzeros and Σ ln|x| when `logs`), the exceedances of `upper`
         (Σz² when `mid_squares`), the window [window, upper) and the pool |x| > pool_above,
         in buffers of `room` times the fractions `keep_window` and `keep_pool` expected
         there (and 4096). pool_above goes into `pa_slot`. acc must hold < SPEC_LIMIT
-        elements. `spin`: polls of a predecessor tile before giving up (flagged REDO)."""
+        elements."""
         acc, device = self.acc, self.acc.device
         n = acc.numel()
         if n >= SPEC_LIMIT:
@@ -518,20 +505,20 @@ class Stages:
         progs = -(-n // SPEC_BLOCK)
         cap_w = min(n, math.ceil(self.room * keep_window * n) + 4096)
         cap_p = min(n, math.ceil(self.room * keep_pool * n) + 4096)
-        part = self._partials(gpu._STATS, progs)
-        mid = self._partials(3, progs)
-        scratch = self._scratch(progs + 1)
+        part = self._partials.take(gpu._STATS, progs)
+        mid = self._partials.take(3, progs)
+        scratch = self._scratch.take(progs + 1)
         win = torch.empty(cap_w, dtype=acc.dtype, device=device)
         positions = torch.empty(cap_p, dtype=torch.int64, device=device)
         values = torch.empty(cap_p, dtype=acc.dtype, device=device)
-        totals = self._scratch(2)
+        totals = self._scratch.take(2)
         bounds = (_f32(window), _f32(upper), _f32(pool_above))
         _spec_read_kernel[(progs,)](acc, n, *bounds, _f64_bits(bounds[1]),
                                     _f64_bits(bounds[2]), pa_slot, part, mid, scratch, win,
                                     cap_w,
                                     positions, values, cap_p, totals, self.board, self.t32,
                                     SQUARES=squares, MID_SQUARES=mid_squares, LOGS=logs,
-                                    BLOCK=SPEC_BLOCK, SPIN=spin, num_warps=SPEC_WARPS,
+                                    BLOCK=SPEC_BLOCK, SPIN=SPIN_LIMIT, num_warps=SPEC_WARPS,
                                     maxnreg=SPEC_MAXNREG if logs else None)
         return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
                            Pool(values, positions, totals[1:2], cap_p))
@@ -564,8 +551,8 @@ class Stages:
                  base: Pool | None = None, base_slot: int = 0) -> Pool:
         device = self.acc.device
         progs = max(1, -(-src.cap // COMPACT_BLOCK))
-        words = self._scratch(progs + 1)
-        count = self._scratch(1)
+        words = self._scratch.take(progs + 1)
+        count = self._scratch.take(1)
         positions = torch.empty(cap, dtype=torch.int64, device=device)
         values = torch.empty(cap, dtype=self.acc.dtype, device=device)
         mapped, has_base = src.positions is not None, base is not None
@@ -582,6 +569,23 @@ class Stages:
         the host, which waits for everything before it."""
         got = self.board[:HEAD + self.slots].tolist()
         return got[0], got[1], [_from_bits(b) for b in got[HEAD:HEAD + self.slots]]
+
+
+class _Region:
+    """Consecutive blocks of `buffer` from `start` on, each handed out once, each 16-byte
+    aligned (Stages' scratch and partials)."""
+
+    def __init__(self, buffer: torch.Tensor, start: int, what: str):
+        self.buffer, self.free, self.what = buffer, start, what
+
+    def take(self, rows: int, cols: int | None = None) -> torch.Tensor:
+        """A block of `rows` elements, or (rows, cols), not handed out before."""
+        size = rows if cols is None else rows * cols
+        at, self.free = self.free, self.free + _even(size)
+        if self.free > self.buffer.numel():
+            raise RuntimeError(f"Stages: more {self.what} than it was sized for")
+        block = self.buffer[at:at + size]
+        return block if cols is None else block.view(rows, cols)
 
 
 def _count(src: Pool) -> torch.Tensor:
