@@ -101,6 +101,26 @@ class Context:
     out: torch.Tensor | None = None
     # True when `out` shares memory with acc (see above).
     out_is_acc: bool = False
+    # Buffers this worker keeps for this tensor between steps (ctx.room), owned by the
+    # Session like `state` but never checkpointed: they hold nothing a later step reads.
+    scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def room(self, key: str, numel: int, dtype: torch.dtype,
+             device: torch.device) -> torch.Tensor:
+        """A flat tensor of numel elements, contents undefined, for a buffer the protocol
+        writes whole each step (a wire it hands to a collective): on the CPU the same one
+        every step for this tensor (a fresh large CPU tensor costs a page fault per 4 KiB
+        on first touch, more than filling it), elsewhere a fresh one (their caching
+        allocators reuse memory already). A step must be done with it before the next
+        step of the same tensor asks for it again, as every driver here is."""
+        device = torch.device(device)
+        if device.type != "cpu":
+            return torch.empty(numel, dtype=dtype, device=device)
+        buf = self.scratch.get(key)
+        if buf is None or buf.numel() != numel or buf.dtype != dtype:
+            self.scratch.pop(key, None)  # the old one given back before the new one is had
+            buf = self.scratch[key] = _native.empty(numel, dtype)
+        return buf
 
     def destination(self, numel: int, dtype: torch.dtype,
                     device: torch.device) -> torch.Tensor | None:
@@ -218,7 +238,8 @@ class Outcome:
     """Result of one worker's protocol for one tensor and step.
 
     aggregate: the averaged update (flat, the input's dtype), identical on every worker.
-    sent: this worker's contribution in its own coordinates.
+    sent: this worker's contribution in its own coordinates; read it before this worker's
+        next step of the same tensor (it may live in buffers reused then, Context.room).
     selected: k̂, elements this worker selected (sparsifiers), else None.
     target: k, elements it was asked to select, else None.
     union: distinct coordinates in the aggregate (actual density · d), when known.

@@ -57,9 +57,8 @@ class HalfPrecision(Compressor):
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         wire_dtype = getattr(torch, self.dtype)
-        half = acc.to(wire_dtype)
-        if half is acc:  # already 16-bit: do not modify the caller's tensor
-            half = acc.clone()
+        # The wire, kept between steps on the CPU (never acc itself: it is not ours)
+        half = ctx.room("wire", acc.numel(), wire_dtype, acc.device).copy_(acc.reshape(-1))
         if ctx.out_is_acc:  # acc is about to hold the aggregate, and no feedback reads it
             sent: Sent = Overwritten()
         else:

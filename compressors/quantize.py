@@ -263,19 +263,22 @@ def _groups(ctx: Context, acc: torch.Tensor, bucket_size: int | None = None) -> 
 
 def stochastic_levels(x: torch.Tensor, groups: Groups, inv: torch.Tensor,
                       bound: torch.Tensor | None, levels: int, seed: int,
-                      dtype: torch.dtype) -> torch.Tensor:
+                      dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """QSGD's and TernGrad's signed stochastic rounding, per element of group g:
         a = min(|x_i|, bound[g]) · inv[g]   (no bound when None),
         l = min(⌊a⌋ + [u_i < a − ⌊a⌋], levels),   out_i = sign(x_i) · l   (dtype),
     so E[l] = a for a ≤ levels. u_i ∈ [0, 1) is THC's counter-based stream keyed by `seed`
     (compressors.counter_stream; 26M draws of torch.rand with a generator took ~200 ms
     here). Contiguous CPU float32 takes one fused native pass (thc_native) with the same
-    bits as the torch expression below, which the other inputs run (in x's dtype)."""
+    bits as the torch expression below, which the other inputs run (in x's dtype).
+    `out`: where to write the levels (a contiguous tensor of x's numel and `dtype` on x's
+    device, such as a buffer kept between steps) instead of a fresh tensor."""
     if (x.dtype == torch.float32 and levels <= 1 << 24 and dtype in thc_native.LEVEL_BYTES
             and _native.supports_cpu(x)):
         return thc_native.stochastic_levels(
             x, groups.offsets, inv.float().contiguous(),
-            None if bound is None else bound.float().contiguous(), levels, seed, dtype)
+            None if bound is None else bound.float().contiguous(), levels, seed, dtype,
+            out=out)
     a = x.abs()
     if bound is not None:
         a = torch.minimum(a, groups.per_element(bound.to(x.dtype)))
@@ -283,7 +286,8 @@ def stochastic_levels(x: torch.Tensor, groups: Groups, inv: torch.Tensor,
     level = scaled.floor()
     noise = hash_noise(x.numel(), seed, x.device).to(x.dtype)
     level.add_(noise < scaled.sub_(level)).clamp_(max=levels)
-    return level.mul_(x.sign()).to(dtype)
+    level.mul_(x.sign())
+    return level.to(dtype) if out is None else out.copy_(level)
 
 
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -331,7 +335,7 @@ class SignSGD(Compressor):
         voting = (groups.abs_max(acc) > 0).to(torch.int8)
         all_signs, all_voting = yield (AllGather(packed), AllGather(voting))
 
-        votes = torch.zeros(numel, dtype=level_dtype(ctx.world_size), device=acc.device)
+        votes = ctx.room("votes", numel, level_dtype(ctx.world_size), acc.device).zero_()
         for signs, flags in zip(all_signs, all_voting):
             add_signs_(votes, signs, groups, flags)
         if self.aggregation == "majority":
@@ -468,8 +472,11 @@ class QSGD(Compressor):
         # s/‖v‖ per bucket; an all-zero bucket quantizes to zeros instead of 0/0.
         inv = torch.where(norms > 0, self.levels / norms.clamp_min(torch.finfo(work).tiny), 0.0)
         # s·|v_i|/‖v‖ ∈ [0, s], rounded stochastically to an integer level, signed
+        # the levels in a room kept per tensor (the wire, and error feedback's at the end of
+        # the step: Context.room)
+        wire_dtype = level_dtype(self.levels)
         wire = stochastic_levels(x, groups, inv, None, self.levels, draw_seed(ctx.generator),
-                                 level_dtype(self.levels))
+                                 wire_dtype, out=ctx.room("levels", numel, wire_dtype, x.device))
         norms = norms.float()
         all_levels, all_norms = yield (AllGather(as_bytes(wire)), AllGather(norms))
 
@@ -546,12 +553,15 @@ class TernGrad(Compressor):
         # b_i ~ Bernoulli(min(|g_i|, cσ)/s), sent as sign(g_i)·b_i (the levels of s = 1);
         # an all-zero tensor (s = 0) gives zeros, not 0/0.
         inv = torch.where(scaler > 0, 1.0 / scaler.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
+        # the levels, and the allreduce's copy of them, in rooms kept per tensor (Context.room)
         ternary = stochastic_levels(x.to(torch.float32), groups, inv,
                                     None if bound is None else bound.float(), 1,
-                                    draw_seed(ctx.generator), torch.int8)
+                                    draw_seed(ctx.generator), torch.int8,
+                                    out=ctx.room("levels", numel, torch.int8, x.device))
 
         if self.scaler_sharing:
-            wire = ternary.to(level_dtype(ctx.world_size, summed=True), copy=True)
+            wire = ctx.room("wire", numel, level_dtype(ctx.world_size, summed=True),
+                            x.device).copy_(ternary)
             summed = yield AllReduce(wire)
             total = ctx.aggregate_buffer(numel, torch.float32, acc.device, zero=False)
             aggregate = groups.scale_(total.copy_(summed), scaler / ctx.world_size).to(acc.dtype)

@@ -119,6 +119,9 @@ class Session:
         self.measure = measure
         self.states: dict[str, dict[str, Any]] = {}
         self._generators: dict[str, torch.Generator] = {}
+        # Per-tensor buffers protocols keep between steps (Context.room): not state, so
+        # never checkpointed.
+        self.scratch: dict[str, dict[str, torch.Tensor]] = {}
 
     def generator(self, device: torch.device) -> torch.Generator:
         """This worker's private random stream on `device` (distinct per rank)."""
@@ -194,6 +197,7 @@ class Session:
             step=step,
             name=name,
             state=st["compressor"],
+            scratch=self.scratch.setdefault(name, {}),
             generator=self.generator(flat.device),
             shared_seed=self.shared_seed(name, step),
             layout=layout,
@@ -223,6 +227,7 @@ class Session:
                 ctx.generator.set_state(rng_state)
                 if created:  # the worker is left as if this call had not happened
                     del self.states[name]
+                    self.scratch.pop(name, None)
                 raise nonfinite_error(name, grad) from None
             segments.append(time.perf_counter() - t0)
             requests, _ = as_round(item)

@@ -188,23 +188,28 @@ def unpack_bits(packed: torch.Tensor, bits: int, numel: int) -> torch.Tensor:
 
 
 def uniform_encode(
-    x: torch.Tensor, lo: float, hi: float, bits: int, generator: torch.Generator
+    x: torch.Tensor, lo: float, hi: float, bits: int, generator: torch.Generator,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Homomorphic USQ (Definition 4.1): stochastic rounding of x onto the 2^b uniform
-    levels of [lo, hi] shared by all workers; the level indices (uint8). The noise is the
-    counter-hash stream (over x's flattened positions) of one seed drawn from
-    `generator`; contiguous CPU float32 takes one fused native pass, the same bits."""
+    levels of [lo, hi] shared by all workers; the level indices (uint8, in x's shape;
+    written into `out`, a contiguous uint8 tensor of x's numel on x's device, if given).
+    The noise is the counter-hash stream (over x's flattened positions) of one seed drawn
+    from `generator`; contiguous CPU float32 takes one fused native pass, the same bits."""
     levels = 2**bits - 1
     step = (hi - lo) / levels
     x = x.to(torch.float32)
     if not float(torch.tensor(step, dtype=torch.float32)) > 0:  # constant: all at lo
+        if out is not None:
+            return out.zero_().view(x.shape)
         return torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
     seed = draw_seed(generator)
     if _native.supports_cpu(x):
-        return thc_native.uniform_encode(x, lo, step, levels, seed)
+        return thc_native.uniform_encode(x, lo, step, levels, seed, out=out)
     u = torch.sub(x, lo).div_(step).clamp_(0, levels)
     noise = hash_noise(x.numel(), seed, x.device).view(x.shape)
-    return u.add_(noise).floor_().clamp_(max=levels).to(torch.uint8)
+    u.add_(noise).floor_().clamp_(max=levels)
+    return u.to(torch.uint8) if out is None else out.view(x.shape).copy_(u)
 
 
 def uniform_decode(
@@ -321,6 +326,7 @@ class RotatedGrid:
         indices: bool = True,
         count_clamped: bool = False,
         lut: torch.Tensor | None = None,
+        values_out: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, int | None]:
         """THC's encoding of x: rotate (pad, signs, FWHT, scale), clamp, stochastic
         rounding onto the float `table` with the noise of one seed drawn from `generator`.
@@ -341,14 +347,16 @@ class RotatedGrid:
             z, values, clamped = thc_native.rotate_encode(
                 x32, self.padded, self.max_norm, self.seed, self.t_p, self.granularity,
                 table.contiguous(), gaps, lut.contiguous(), seed, indices=indices,
-                value_dtype=None if table_values is None else table_values.dtype)
+                value_dtype=None if table_values is None else table_values.dtype,
+                values_out=values_out)
             return z, values, (clamped if count_clamped else None)
         rotated = self.rotate(x32)
         clamped = int((rotated.abs() > self.t_p).sum()) if count_clamped else None
         grid_values = rotated.clamp_(-self.t_p, self.t_p).add_(self.t_p)
         grid_values.mul_(self.granularity / (2 * self.t_p)).clamp_(0, self.granularity)
         z = table_encode(grid_values, table, lut=lut, seed=seed)
-        values = None if table_values is None else table_values.index_select(0, z)
+        values = None if table_values is None else torch.index_select(
+            table_values, 0, z, out=values_out)
         return (z if indices else None), values, clamped
 
     def decode(
@@ -580,7 +588,7 @@ class _IntegerSum(Compressor):
         numel = mine.numel()
         if self.aggregation == "allreduce":
             # A copy: the allreduce overwrites its tensor, and `mine` decodes `sent`.
-            total = yield AllReduce(mine.clone())
+            total = yield AllReduce(ctx.room("wire", numel, mine.dtype, mine.device).copy_(mine))
             return _Received(total, n, n, None, n)
 
         chunks = -(-numel // self.chunk_size)
@@ -683,7 +691,10 @@ class UniformTHC(_IntegerSum):
         extremes = torch.stack([x.max(), x.min().neg()]).to(torch.float64)
         extremes = yield AllReduce(extremes, op="max")
         hi, lo = float(extremes[0]), -float(extremes[1])
-        levels = uniform_encode(x, lo, hi, self.bits, ctx.generator)
+        # the levels go into a room kept per tensor (error feedback reads them at the end
+        # of the step, Context.room)
+        levels = uniform_encode(x, lo, hi, self.bits, ctx.generator,
+                                out=ctx.room("levels", x.numel(), torch.uint8, x.device))
         got = yield from self._aggregate(levels, levels.to(dtype), None, dtype, ctx)
         step = (hi - lo) / (2**self.bits - 1)
         mean = _affine(got.total, step, lo, got.count, got.divisor, self.chunk_size,
@@ -802,9 +813,12 @@ class THC(_IntegerSum):
         table_f, table_int, lut = self._table_tensors(acc.device, dtype)
         # Y_i = T[Z_i] (Algorithm 3 line 15) straight from the encoding pass; the indices
         # themselves only travel to a parameter server.
+        # T[Z_i] goes into a room kept per tensor (read by error feedback at the end of
+        # the step); the allreduce's copy of it into another (Context.room)
         indices, mine, clamped = grid.encode_values(
             acc, table_f, ctx.generator, table_values=table_int,
             indices=self.aggregation == "ps", count_clamped=ctx.measure, lut=lut,
+            values_out=ctx.room("values", padded, dtype, acc.device),
         )
         got = yield from self._aggregate(indices, mine, table_int, dtype, ctx)
         aggregate = grid.decode(got.total, got.count, got.divisor, self.chunk_size, got.lost_down,

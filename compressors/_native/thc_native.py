@@ -75,6 +75,18 @@ def _empty(n: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(n, dtype=dtype)
 
 
+def _output(out: torch.Tensor | None, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """`out` when the caller gave one (a buffer it keeps between steps, Context.room),
+    checked: contiguous CPU, n elements of dtype; else a fresh tensor."""
+    if out is None:
+        return _empty(n, dtype)
+    if (out.dtype != dtype or out.numel() != n or not out.is_contiguous()
+            or out.device.type != "cpu"):
+        raise ValueError(f"out must be a contiguous CPU {dtype} tensor of {n} elements, not "
+                         f"{out.dtype} {tuple(out.shape)} on {out.device}")
+    return out
+
+
 def _huge(n: int, dtype: torch.dtype) -> torch.Tensor:
     from compressors._native import empty  # madvise(MADV_HUGEPAGE) before first touch
 
@@ -154,14 +166,17 @@ def rotate_encode(x: torch.Tensor, padded: int, norm: float, sign_seed: int, t_p
                   granularity: int, table: torch.Tensor, gaps: torch.Tensor,
                   lut: torch.Tensor, seed: int, indices: bool = True,
                   value_dtype: torch.dtype | None = None,
+                  values_out: torch.Tensor | None = None,
                   ) -> tuple[torch.Tensor | None, torch.Tensor | None, int]:
     """rotate() and encode() fused: the FWHT's first pass writes the input, its last
     pass encodes each column strip while it is in cache. Returns what encode() returns
-    (for the rotated vector of `padded` elements); the same bits."""
+    (for the rotated vector of `padded` elements); the same bits. `values_out`: where
+    the table values go (contiguous CPU, `padded` elements of value_dtype) instead of a
+    fresh tensor."""
     n = x.numel()
     buf = scratch(padded)
     z = torch.empty(padded, dtype=torch.int32) if indices else None
-    values = _empty(padded, value_dtype) if value_dtype is not None else None
+    values = None if value_dtype is None else _output(values_out, padded, value_dtype)
     sk0, sk1 = words(sign_seed)
     k0, k1 = words(seed)
     clamped = _lib().gc_thc_rotate_encode_f32(
@@ -206,15 +221,16 @@ def _decode_into(buf: torch.Tensor, total: torch.Tensor, numel: int, a: float, b
 
 
 def uniform_encode(x: torch.Tensor, lo: float, step: float, levels: int,
-                   seed: int) -> torch.Tensor:
-    """Uniform THC's levels (uint8) of contiguous CPU float32 x: stochastic rounding of
-    clamp((x − lo) / step, 0, levels) with the stream's noise."""
+                   seed: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    """Uniform THC's levels (uint8, in x's shape) of contiguous CPU float32 x: stochastic
+    rounding of clamp((x − lo) / step, 0, levels) with the stream's noise; into `out` (n
+    elements) if given."""
     n = x.numel()
-    out = torch.empty(x.shape, dtype=torch.uint8)
+    out = _output(out, n, torch.uint8)
     k0, k1 = words(seed)
     _lib().gc_thc_uniform_encode_f32(x.data_ptr(), n, threads(n), float(lo), float(step),
                                      float(levels), k0, k1, out.data_ptr())
-    return out
+    return out.view(x.shape)
 
 
 LEVEL_BYTES = {torch.int8: 1, torch.int16: 2, torch.int32: 4}
@@ -222,13 +238,14 @@ LEVEL_BYTES = {torch.int8: 1, torch.int16: 2, torch.int32: 4}
 
 def stochastic_levels(x: torch.Tensor, offsets: torch.Tensor, inv: torch.Tensor,
                       bound: torch.Tensor | None, levels: int, seed: int,
-                      dtype: torch.dtype) -> torch.Tensor:
+                      dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """QSGD's and TernGrad's signed stochastic levels of contiguous CPU float32 x in one
     pass (compressors/quantize.py stochastic_levels: the definition, and the torch twin
     with the same bits). `offsets`: int64 group starts and the end (groups + 1 entries);
-    `inv`, `bound`: float32 per group; levels ≤ 2^24; dtype int8, int16 or int32."""
+    `inv`, `bound`: float32 per group; levels ≤ 2^24; dtype int8, int16 or int32; into
+    `out` if given."""
     n = x.numel()
-    out = torch.empty(n, dtype=dtype)
+    out = _output(out, n, dtype)
     k0, k1 = words(seed)
     _lib().gc_stochastic_levels_f32(
         x.data_ptr(), n, offsets.data_ptr(), offsets.numel() - 1, inv.data_ptr(),

@@ -1,0 +1,144 @@
+"""Context.room: a buffer a protocol writes whole each step (FP16's 16-bit wire), kept per
+worker and tensor between steps on the CPU instead of allocated fresh (issue 7: a fresh
+full-size CPU tensor costs a page fault per 4 KiB on first touch), and never part of a
+checkpoint. tests/test_allocations.py checks that FP16's step allocates nothing full-size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import compressors
+from compressors import Context, Session
+from compressors.requests import AllReduce, as_round
+from compressors.simulated import _combine
+
+WORKERS = 2
+NUMEL = 3001
+
+
+def _grads(step: int, dtype=torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(40 + step)
+    return [torch.randn(NUMEL, generator=g).to(dtype) for _ in range(WORKERS)]
+
+
+def _steps(sessions, names, steps, dtype=torch.float32, out=True):
+    """Drive every (step, name) through the simulated group; each AllReduce tensor's
+    data_ptr per (rank, name, step), and the outcomes and gradients."""
+    wires, results = {}, {}
+    for step in range(steps):
+        for name in names:
+            grads = _grads(step, dtype)
+            before = [g.clone() for g in grads]
+            gens = [s.exchange(name, g, step, out=g if out else None)
+                    for s, g in zip(sessions, grads)]
+            replies = [None] * WORKERS
+            while True:
+                items, done = [], 0
+                for gen, reply in zip(gens, replies):
+                    try:
+                        items.append(gen.send(reply))
+                    except StopIteration:
+                        done += 1
+                if done:
+                    assert done == WORKERS  # the workers finish in the same round
+                    break
+                for rank, item in enumerate(items):
+                    for req in as_round(item)[0]:
+                        if isinstance(req, AllReduce):
+                            wires[(rank, name, step)] = req.tensor.data_ptr()
+                replies = _combine(items)
+            results[(name, step)] = (grads, before)
+    return wires, results
+
+
+def _fp16_sessions(dtype: str = "float16", feedback: str = "none"):
+    comp = compressors.build("fp16", dtype=dtype)
+    return [Session(comp, rank=r, world_size=WORKERS, feedback=feedback, seed=1)
+            for r in range(WORKERS)]
+
+
+@pytest.mark.parametrize("wire", ["float16", "bfloat16"])
+def test_fp16_keeps_one_wire_per_worker_and_tensor_and_its_result_is_unchanged(wire):
+    sessions = _fp16_sessions(wire)
+    wires, results = _steps(sessions, ["a", "b"], steps=3)
+    for rank in range(WORKERS):
+        for name in ("a", "b"):
+            room = sessions[rank].scratch[name]["wire"].data_ptr()
+            assert wires[(rank, name, 0)] == wires[(rank, name, 1)] == wires[(rank, name, 2)]
+            assert wires[(rank, name, 0)] == room
+        assert wires[(rank, "a", 0)] != wires[(rank, "b", 0)]  # one wire per tensor
+    assert wires[(0, "a", 0)] != wires[(1, "a", 0)]  # and per worker
+    half = getattr(torch, wire)
+    for (name, step), (grads, before) in results.items():
+        # what the wire carried before it was kept: each rank's cast, pre-divided, summed
+        # in rank order, cast back
+        want = (before[0].to(half).div_(WORKERS) + before[1].to(half).div_(WORKERS)).float()
+        for g in grads:  # the aggregate, written into each gradient (out=grad)
+            assert torch.equal(g, want), (name, step)
+
+
+def test_a_16_bit_gradient_is_not_the_wire():
+    """A float16 gradient cast to float16 is no copy: the wire must still be the room,
+    so the pre-division and the allreduce leave the caller's tensor as it was."""
+    sessions = _fp16_sessions()
+    _, results = _steps(sessions, ["a"], steps=2, dtype=torch.float16, out=False)
+    for grads, before in results.values():
+        for g, b in zip(grads, before):
+            assert torch.equal(g, b)
+
+
+def test_the_wire_is_not_checkpointed_and_a_skipped_tensor_keeps_none():
+    sessions = _fp16_sessions()
+    _steps(sessions, ["a"], steps=1)
+    sd = sessions[0].state_dict()
+
+    def tensors(obj):
+        if isinstance(obj, torch.Tensor):
+            yield obj
+        elif isinstance(obj, dict):
+            for v in obj.values():
+                yield from tensors(v)
+
+    assert [t for t in tensors(sd["states"]) if t.numel() >= NUMEL] == []
+    assert set(sessions[0].scratch["a"]) == {"wire"}
+    # a step refused for a NaN leaves no state and no room for a new tensor
+    s = sessions[0]
+    bad = torch.full((NUMEL,), float("nan"))
+    with pytest.raises(FloatingPointError, match="NaN"):
+        gen = s.exchange("c", bad, 0)
+        gen.send(None)
+    assert "c" not in s.states and "c" not in s.scratch
+
+
+def _context(scratch: dict) -> Context:
+    return Context(rank=0, world_size=1, step=0, name="t", state={},
+                   generator=torch.Generator(), shared_seed=0, scratch=scratch)
+
+
+def test_room_is_kept_for_its_key_size_and_dtype_and_replaced_otherwise():
+    scratch: dict = {}
+    ctx = _context(scratch)
+    a = ctx.room("wire", 1000, torch.float16, torch.device("cpu"))
+    assert a.shape == (1000,) and a.dtype == torch.float16
+    assert ctx.room("wire", 1000, torch.float16, "cpu").data_ptr() == a.data_ptr()
+    other = ctx.room("other", 1000, torch.float16, "cpu")
+    assert other.data_ptr() != a.data_ptr()
+    smaller = ctx.room("wire", 999, torch.float16, "cpu")
+    assert smaller.shape == (999,)  # exactly the size asked for, not a larger old one
+    wider = ctx.room("wire", 999, torch.float32, "cpu")
+    assert wider.dtype == torch.float32 and scratch["wire"] is wider
+    assert set(scratch) == {"wire", "other"}
+
+
+def test_room_off_the_cpu_is_fresh_and_not_kept():
+    if not torch.cuda.is_available():
+        # the meta device stands in: anything but the CPU gets a new tensor each call
+        device = torch.device("meta")
+    else:
+        device = torch.device("cuda")
+    scratch: dict = {}
+    ctx = _context(scratch)
+    t = ctx.room("wire", 10, torch.float16, device)
+    assert t.device.type == device.type and t.shape == (10,)
+    assert scratch == {}
