@@ -383,7 +383,7 @@ class MSTopK(ThresholdSparsifier):
                     count_fn=lambda pool, t: (_native.count(pool, t), None),
                     shrink_fn=lambda pool, t, _mask, keep: _native.pool(
                         pool, t, dense=keep > _native.DENSE_FRACTION, strict=False,
-                        index_dtype=pool_index_dtype(pool))[2],
+                        index_dtype=pool_index_dtype(pool), room="mstopk")[2],
                     select_fn=lambda t: native_pick(acc, t, expected=k))
         mag = magnitudes(acc)
         max_f = float(mag.max())

@@ -22,9 +22,11 @@ needs_native = pytest.mark.skipif(not _native.available(),
 
 SHAPE = (512, 512)  # a matrix, so PowerSGD compresses it
 NUMEL = SHAPE[0] * SHAPE[1]
-# A buffer of at least 2 bytes per element counts as full-size (a 16-bit copy and up).
-# The payloads below it (int8 levels, packed signs, sparse pairs) are the messages.
-FULL = 2 * NUMEL
+# A buffer of at least a byte per element counts as full-size: a 16-bit copy, and also
+# the 8-bit levels of QSGD, TernGrad, THC and SignSGD's votes (each kept per tensor between
+# steps now, Context.room). What is smaller is a message that scales with what is sent:
+# sparse pairs at δ = 0.001, packed signs.
+FULL = NUMEL
 # Compressors allowed a full-size allocation per step, each with its reason, as
 # (bytes per element, how many): the test also fails if they stop allocating it, so the
 # list stays true.
@@ -36,7 +38,10 @@ ALLOWED: dict[str, tuple[int, int]] = {}
 
 def _params(name: str) -> dict:
     if name == "hard_threshold":
-        return {"lam": 3.3}  # about 0.1% of a standard normal
+        # 0.1% of a standard normal would pass λ = 3.3, but with residual feedback what λ
+        # leaves behind builds up (6% passes by the profiled fourth step): λ = 4.5 keeps
+        # its payload, and the union of two ranks' indices the step measures, at about 2%
+        return {"lam": 4.5}
     return {"ratio": 0.001} if "ratio" in compressors.default_params(name) else {}
 
 

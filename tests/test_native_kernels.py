@@ -66,6 +66,28 @@ def test_pool_does_not_depend_on_the_thread_count(dense, index_dtype):
 
 
 @needs_native
+@pytest.mark.parametrize("dense", [False, True])
+def test_pool_into_a_room_narrows_itself_in_place(dense):
+    """pool(..., room=): the values only, in a room kept between calls; a pool taken from
+    a view of that room (a search narrowing its probe set) equals the fresh pool."""
+    x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=8)
+    ts = [float(x.abs().quantile(q)) for q in (0.5, 0.8, 0.95)]
+    with_threads(2, _native.release_scratch)
+    pool, ptr = x, None
+    for t in ts:
+        want = _native.pool(pool.clone(), t, dense=dense, strict=False)[2]
+        st, idx, got = with_threads(2, lambda p=pool, t=t: _native.pool(
+            p, t, dense=dense, strict=False, above=t, room="test"))
+        assert idx is None and st is not None
+        assert torch.equal(got, want)
+        assert torch.equal(got, x.abs()[x.abs() >= t])  # the same pool straight from x
+        # one room: the first pool sized it for half of x, and every later one is smaller
+        assert ptr is None or got.data_ptr() == ptr
+        pool, ptr = got, got.data_ptr()
+    with_threads(2, _native.release_scratch)
+
+
+@needs_native
 def test_pool_refuses_float64():
     with pytest.raises(TypeError, match="float32"):
         _native.pool(torch.zeros(10, dtype=torch.float64), 0.5)

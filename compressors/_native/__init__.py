@@ -397,14 +397,20 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
 def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0.0,
          squares: bool = False, extremes: bool = False, dense: bool = False, reserve: int = 0,
          strict: bool = True, index_dtype: torch.dtype = torch.int64, signed: bool = False,
-         ) -> tuple[Stats | None, torch.Tensor, torch.Tensor]:
+         room: str | None = None,
+         ) -> tuple[Stats | None, torch.Tensor | None, torch.Tensor]:
     """float32 only. Ascending positions (`index_dtype`: int64, or int32 for fewer than
     2^31 elements) and |x| (x itself with `signed`) of {|x| > t} ({|x| ≥ t} when not
     `strict`) (the next "pool"), and, when `above` is given, in the same read the
     statistics `stats(x, above, shift, squares, extremes)` would return (bit for bit: the
     same per-block partials; nonzeros count only with `extremes`, no logs). `dense`: more
     than a few percent are expected to pass (the hits are written branch-free; with int32
-    positions, a store less per group of 8). One read pass of x."""
+    positions, a store less per group of 8). One read pass of x.
+    `room` (CPU): for a caller that needs only the values, such as a search that
+    narrows its pool probe by probe: no positions (None), and the values written into
+    this thread's room of that name, kept between calls (no fresh buffer each time), a
+    view valid until the thread's next call with that room. x may itself be a view of
+    the room: the hits are compacted before any is written out."""
     if x.dtype != torch.float32 or not supports(x):
         raise TypeError(f"pool() takes contiguous CPU float32 tensors (or CUDA ones with "
                         f"Triton), got {x.dtype} on {x.device} (contiguous: {x.is_contiguous()})")
@@ -416,7 +422,7 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
     if x.device.type == "cuda":  # a statistics pass, then the selection
         st = None if above is None else stats(x, above, shift, squares, extremes)
         idx, val = select(x, t, strict=strict, values=True, signed=signed)
-        return st, idx.to(index_dtype), val
+        return st, None if room is not None else idx.to(index_dtype), val
     out = (ctypes.c_double * 7)()
     total = _C_INT64(0)
     flags = (1 if squares else 0) | (2 if extremes else 0) | (4 if signed else 0)
@@ -427,10 +433,19 @@ def pool(x: torch.Tensor, t: float, above: float | None = None, shift: float = 0
         ctypes.byref(total), int(narrow))
     if not handle:
         raise MemoryError("native pool could not allocate its buffers")
-    idx = torch.empty(total.value, dtype=index_dtype)
-    val = torch.empty(total.value, dtype=x.dtype)
-    _fn("gc_select_take", x)(handle, None if narrow else idx.data_ptr(),
-                             idx.data_ptr() if narrow else None, val.data_ptr())
+    m = total.value
+    if room is None:
+        idx = torch.empty(m, dtype=index_dtype)
+        val = torch.empty(m, dtype=x.dtype)
+        _fn("gc_select_take", x)(handle, None if narrow else idx.data_ptr(),
+                                 idx.data_ptr() if narrow else None, val.data_ptr())
+    else:
+        # At least half of x, so that the steps of one tensor reuse the room whatever
+        # their counts (a search narrows its pool where at most half passes; only the
+        # pages written are mapped). x, if it is a view of the room, is no smaller than
+        # what is asked: the room is not regrown under it.
+        idx, val = None, _kept(("pool", room), max(m, n // 2), x.dtype)[:m]
+        _fn("gc_select_take", x)(handle, None, None, val.data_ptr())
     st = None
     if above is not None:
         st = Stats.of(out)
@@ -756,8 +771,8 @@ def abs_into_room(x: torch.Tensor) -> torch.Tensor:
 def release_scratch() -> None:
     """Give back the scratch memory the kernels keep between calls: the selections' pooled
     hit buffers (the largest ever used, up to 8), this thread's THC transform buffer (4
-    bytes per padded element), its SIDCo stream room and its magnitude room (abs_into_room).
-    The next call allocates afresh."""
+    bytes per padded element), its SIDCo stream room, its magnitude room (abs_into_room)
+    and its pool rooms (pool(..., room=)). The next call allocates afresh."""
     _rooms.kept = None
     lib = load()
     if lib is not None:
