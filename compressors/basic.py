@@ -69,7 +69,8 @@ class HalfPrecision(Compressor):
             half.div_(ctx.world_size)
         total = yield AllReduce(half)
         out = ctx.destination(acc.numel(), acc.dtype, acc.device)
-        aggregate = total.to(acc.dtype) if out is None else out.copy_(total)
+        # (a copy even where acc is 16-bit: total is the wire, which the next step rewrites)
+        aggregate = total.to(acc.dtype, copy=True) if out is None else out.copy_(total)
         return Outcome(aggregate=aggregate, sent=sent)
 
     def sent_elements(self, numel: int) -> int:

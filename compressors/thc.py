@@ -701,7 +701,8 @@ class UniformTHC(_IntegerSum):
                        out=ctx.destination(acc.numel(), torch.float32, acc.device))
         if got.lost_down is not None:
             _per_chunk(mean, self.chunk_size, (~got.lost_down).to(mean.dtype), "mul")
-        # levels (uint8) outlive the exchange: the contribution is decoded only if asked
+        # the contribution is decoded from the levels only if asked (error feedback asks
+        # within the step; the levels' room is rewritten by the next one)
         sent = DecodedSent(lambda: _affine(levels, step, lo, 1, 1).to(acc.dtype))
         extra = self._extra(got, dtype, acc.numel())
         return Outcome(aggregate=mean.to(acc.dtype), sent=sent, extra=extra)

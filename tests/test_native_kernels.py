@@ -88,6 +88,23 @@ def test_pool_into_a_room_narrows_itself_in_place(dense):
 
 
 @needs_native
+def test_pool_room_holds_half_the_tensor_so_the_next_step_reuses_it():
+    """A search's first pool from the gradient keeps at most half of it: the room is sized
+    for that from the first call, so a later step whose pool is larger (up to half) is
+    written into the same room instead of a new one."""
+    x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=9)
+    _native.release_scratch()
+    first = _native.pool(x, float(x.abs().quantile(0.6)), strict=False, room="test")[2]
+    ptr = first.data_ptr()
+    t = float(x.abs().quantile(0.52))
+    later = _native.pool(x, t, strict=False, room="test")[2]
+    assert first.numel() < later.numel() <= x.numel() // 2
+    assert later.data_ptr() == ptr
+    assert torch.equal(later, x.abs()[x.abs() >= t])
+    _native.release_scratch()
+
+
+@needs_native
 def test_pool_refuses_float64():
     with pytest.raises(TypeError, match="float32"):
         _native.pool(torch.zeros(10, dtype=torch.float64), 0.5)
