@@ -583,12 +583,14 @@ class _IntegerSum(Compressor):
     ) -> Protocol:
         """Sum every worker's table values T[z] (identity table when `values` is None).
         `indices`: this worker's b-bit indices z (1-D; needed by the parameter server
-        only); `mine`: its values T[z] (dtype)."""
+        only); `mine`: its values T[z] (any integer dtype whose values fit `dtype`: they
+        are cast to it on the wire)."""
         n = ctx.world_size
         numel = mine.numel()
         if self.aggregation == "allreduce":
-            # A copy: the allreduce overwrites its tensor, and `mine` decodes `sent`.
-            total = yield AllReduce(ctx.room("wire", numel, mine.dtype, mine.device).copy_(mine))
+            # A copy, in the sum's dtype: the allreduce overwrites its tensor, and `mine`
+            # decodes `sent`.
+            total = yield AllReduce(ctx.room("wire", numel, dtype, mine.device).copy_(mine))
             return _Received(total, n, n, None, n)
 
         chunks = -(-numel // self.chunk_size)
@@ -695,7 +697,7 @@ class UniformTHC(_IntegerSum):
         # of the step, Context.room)
         levels = uniform_encode(x, lo, hi, self.bits, ctx.generator,
                                 out=ctx.room("levels", x.numel(), torch.uint8, x.device))
-        got = yield from self._aggregate(levels, levels.to(dtype), None, dtype, ctx)
+        got = yield from self._aggregate(levels, levels, None, dtype, ctx)
         step = (hi - lo) / (2**self.bits - 1)
         mean = _affine(got.total, step, lo, got.count, got.divisor, self.chunk_size,
                        out=ctx.destination(acc.numel(), torch.float32, acc.device))

@@ -66,10 +66,12 @@ def _exchange(session: Session, grad: torch.Tensor, step: int):
     return drive_one(session.exchange("w", grad, step, layout=layout, out=grad), _answer)
 
 
-def _full_size_allocations(name: str, feedback: str) -> list[tuple[str, int]]:
-    """(op, bytes) of every allocation of at least FULL bytes in one steady-state step."""
+def _full_size_allocations(name: str, feedback: str,
+                           world_size: int = 2) -> list[tuple[str, int]]:
+    """(op, bytes) of every allocation of at least FULL bytes in one steady-state step
+    (collectives answered as by two ranks, whatever world_size the worker is told)."""
     comp = compressors.build(name, **_params(name))
-    session = Session(comp, rank=0, world_size=2, feedback=feedback, seed=3)
+    session = Session(comp, rank=0, world_size=world_size, feedback=feedback, seed=3)
     g = torch.Generator().manual_seed(7)
     grads = [torch.randn(SHAPE, generator=g) for _ in range(4)]
     # even steps: rank 0 leads (CLT-k, DEFT, THC), so the fake driver's answers are real;
@@ -104,6 +106,13 @@ def test_a_step_allocates_no_full_size_buffer(name, feedback):
     assert sorted(size for _, size in found) == expected, (
         f"{name} (feedback={feedback}) allocated {found} in one step; expected "
         f"{expected} bytes")
+
+
+@needs_native
+def test_uniform_thc_casts_its_levels_into_a_wider_wire_without_a_copy():
+    """32 workers' 4-bit levels are summed in int32: the uint8 levels are cast straight
+    into the kept wire, with no int32 copy of them per step."""
+    assert _full_size_allocations("thc_uniform", "none", world_size=32) == []
 
 
 def test_the_profiler_sees_a_full_size_allocation():
