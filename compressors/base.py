@@ -243,7 +243,13 @@ class Outcome:
     selected: k̂, elements this worker selected (sparsifiers), else None.
     target: k, elements it was asked to select, else None.
     union: distinct coordinates in the aggregate (actual density · d), when known.
-    bytes_sent / encode_s / decode_s: filled by the Session from the requests themselves.
+    bytes_sent: bytes per worker the collectives moved (an unequal AllGather counts the
+        longest payload, as the padded collective carries it), filled by the Session
+        from the requests and their answers.
+    collectives: each collective as (kind, bytes per worker) in the order issued, so
+        the cost model charges every pattern as it runs (an index allgather and a value
+        allreduce are two collectives, not one allgather of all the bytes).
+    encode_s / decode_s: filled by the Session.
     """
 
     aggregate: torch.Tensor
@@ -253,6 +259,7 @@ class Outcome:
     union: int | torch.Tensor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     bytes_sent: int = 0
+    collectives: tuple[tuple[str, int], ...] = ()
     rounds: int = 0
     encode_s: float = 0.0
     decode_s: float = 0.0
@@ -330,6 +337,13 @@ class Compressor(abc.ABC):
     default_feedback: ClassVar[str] = "residual"
     # Lossless up to dtype rounding: no estimator to check.
     exact: ClassVar[bool] = False
+    # What one exchange covers in training, where the caller (the DDP hook, the trainer)
+    # chooses: "layer" (each parameter tensor alone, the setting of most papers), "bucket"
+    # (a DDP bucket as one tensor) or "model" (the worker's whole gradient as one tensor,
+    # with the layout of its parameters). `scope` is this compressor's default, the
+    # setting of its paper; `scopes` the ones it accepts.
+    scope: ClassVar[str] = "layer"
+    scopes: ClassVar[tuple[str, ...]] = ("layer", "bucket", "model")
 
     def params(self) -> dict[str, Any]:
         """Constructor arguments and their current values (for configs and logs)."""
@@ -358,6 +372,29 @@ class Compressor(abc.ABC):
         first full read of it (a native statistics or selection pass), before it changes
         any state, so the Session may skip its separate read pass (ctx.check_finite)."""
         return False
+
+
+SCOPES = ("layer", "bucket", "model")
+
+
+def resolve_scope(compressor: Compressor, scope: str) -> str:
+    """"default" → the compressor's own (Compressor.scope, its paper's setting); any other
+    value checked against the ones it accepts (Compressor.scopes), with the reason when
+    refused."""
+    if scope == "default":
+        return compressor.scope
+    if scope not in SCOPES:
+        raise ValueError(f"granularity={scope!r}: choose 'default', "
+                         + ", ".join(f"'{g}'" for g in SCOPES))
+    if scope not in compressor.scopes:
+        raise ValueError(
+            f"granularity={scope!r} is refused for {compressor.name!r}: its algorithm works "
+            f"across the tensors of one exchange (its paper's setting: {compressor.scope!r}); "
+            "per parameter tensor it would run one independent instance per tensor, give "
+            "every small tensor at least one selection per worker and allocate nothing "
+            "across layers. Use granularity="
+            + " or ".join(repr(g) for g in compressor.scopes))
+    return scope
 
 
 class Selected(NamedTuple):

@@ -41,6 +41,8 @@ class CyclicLocalTopK(Compressor):
     pattern = Pattern.LEADER_BROADCAST
     sparse = True
     default_feedback = "residual"
+    # The leader's top-k runs over the whole gradient, as DEFT compares it.
+    scope = "model"
 
     def __init__(self, ratio: float = 0.01):
         self.ratio = check_ratio(ratio)

@@ -71,15 +71,22 @@ class Residual(ErrorFeedback):
 
 
 class MomentumCorrection(ErrorFeedback):
-    """DGC momentum correction: u ← m·u + g; v ← v + u; send sparse(v); both u and v
-    are zeroed where sent (momentum factor masking)."""
+    """DGC momentum correction (Lin et al. 2018, Section 3.2): u ← m·u + g; v ← v + u;
+    send sparse(v); both u and v are zeroed where sent (momentum factor masking). With
+    `nesterov`, u ← m·(u + g); v ← v + u + g (the Nesterov form of DGC's code). This
+    momentum REPLACES the optimizer's: the trainer runs SGD without momentum on the
+    decoded aggregate when this feedback is on (repro.train.optimizer_for_feedback)."""
 
     name = "momentum"
 
-    def __init__(self, momentum: float = 0.9):
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"momentum={momentum!r} must lie in [0, 1)")
-        self.momentum = momentum
+    def __init__(self, momentum: float = 0.9, nesterov: bool = False):
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not (
+                0.0 <= momentum < 1.0):
+            raise ValueError(f"momentum={momentum!r} must be a number in [0, 1)")
+        if not isinstance(nesterov, bool):
+            raise TypeError(f"nesterov={nesterov!r} must be True or False")
+        self.momentum = float(momentum)
+        self.nesterov = nesterov
 
     def check(self, compressor):
         if not compressor.sparse:
@@ -91,11 +98,21 @@ class MomentumCorrection(ErrorFeedback):
     def compensate(self, grad, state):
         u = state.get("momentum")
         if u is None or u.shape != grad.shape or u.dtype != grad.dtype:
-            state["momentum"] = grad.clone()
-            state["velocity"] = grad.clone()
+            if self.nesterov:
+                state["momentum"] = grad.mul(self.momentum)
+                state["velocity"] = state["momentum"] + grad
+            else:
+                state["momentum"] = grad.clone()
+                state["velocity"] = grad.clone()
             return state["velocity"]
+        velocity = state.get("velocity")
+        if velocity is None:  # u alone so far: the tensor was reduced densely until now
+            velocity = state["velocity"] = torch.zeros_like(grad)
+        if self.nesterov:
+            u.add_(grad).mul_(self.momentum)
+            return velocity.add_(u).add_(grad)
         u.mul_(self.momentum).add_(grad)
-        return state["velocity"].add_(u)
+        return velocity.add_(u)
 
     def update(self, acc, sent, state):
         if not isinstance(sent, SparseSent):

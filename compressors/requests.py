@@ -44,16 +44,34 @@ class Broadcast:
 Request = Union[AllReduce, AllGather, Broadcast]
 
 
-def payload_bytes(request: Request, rank: int) -> int:
-    """Bytes this rank contributes to a request: what the wire must carry from it.
-
-    Counted from the request itself so that metrics never estimate separately from what
-    was sent. A broadcast costs only its source.
-    """
+def wire_bytes(request: Request, answer) -> int:
+    """Bytes per rank the collective carries for a request, from the request and its
+    answer: an AllGather of unequal lengths is padded to the longest (NCCL's and gloo's
+    all_gather take equal sizes; repro.distributed pads), so every rank sends the
+    longest payload; an AllReduce or a Broadcast carries the tensor."""
     t = request.tensor
+    if isinstance(request, AllGather):
+        longest = max((a.numel() for a in answer), default=0)
+        return longest * t.element_size()
+    return t.numel() * t.element_size()
+
+
+def sent_bytes(request: Request, answer, rank: int) -> int:
+    """Bytes this rank sends for a request: wire_bytes, except that only the source of a
+    broadcast sends. Counted from what was exchanged, so metrics never estimate it
+    separately from the wire."""
     if isinstance(request, Broadcast) and rank != request.src:
         return 0
-    return t.numel() * t.element_size()
+    return wire_bytes(request, answer)
+
+
+def kind_of(request: Request) -> str:
+    """'allreduce', 'allgather' or 'broadcast' (what the cost model charges)."""
+    if isinstance(request, AllReduce):
+        return "allreduce"
+    if isinstance(request, AllGather):
+        return "allgather"
+    return "broadcast"
 
 
 def as_round(item: Request | tuple[Request, ...]) -> tuple[tuple[Request, ...], bool]:

@@ -19,7 +19,7 @@ import torch
 from compressors import _native
 from compressors.base import FLOAT_DTYPES, Compressor, Context, Outcome, Segment
 from compressors.feedback import ErrorFeedback, make_feedback
-from compressors.requests import as_round, payload_bytes
+from compressors.requests import as_round, kind_of, sent_bytes, wire_bytes
 
 _MASK64 = (1 << 63) - 1
 
@@ -214,6 +214,7 @@ class Session:
         answer: Any = None
         nbytes = 0
         rounds = 0
+        collectives: list[tuple[str, int]] = []
         segments: list[float] = []
         while True:
             try:
@@ -230,10 +231,12 @@ class Session:
                     self.scratch.pop(name, None)
                 raise nonfinite_error(name, grad) from None
             segments.append(time.perf_counter() - t0)
-            requests, _ = as_round(item)
-            nbytes += sum(payload_bytes(r, self.rank) for r in requests)
+            requests, is_tuple = as_round(item)
             rounds += 1
             answer = yield item
+            for request, got in zip(requests, answer if is_tuple else (answer,)):
+                nbytes += sent_bytes(request, got, self.rank)
+                collectives.append((kind_of(request), wire_bytes(request, got)))
             t0 = time.perf_counter()
         if not isinstance(outcome, Outcome):
             raise TypeError(
@@ -243,6 +246,7 @@ class Session:
         self.feedback.update(acc, outcome.sent, st["feedback"])
         segments.append(time.perf_counter() - t0)
         outcome.bytes_sent = nbytes
+        outcome.collectives = tuple(collectives)
         outcome.rounds = rounds
         outcome.encode_s = sum(segments[:-1])
         outcome.decode_s = segments[-1]

@@ -22,9 +22,17 @@ class CompressorConfig:
     ratio: Optional[float] = None
     # "default" (the compressor's own), "none", "residual" or "momentum".
     feedback: str = "default"
-    momentum: float = 0.9  # for feedback=momentum (DGC momentum correction)
-    # "layer": per parameter tensor (the papers' setting); "bucket": per DDP bucket.
-    granularity: str = "layer"
+    # feedback=momentum (DGC's momentum correction, which replaces SGD's momentum): its
+    # momentum; null = the task's SGD momentum (0.9 for an Adam task, DGC's value).
+    momentum: Optional[float] = None
+    # What one exchange covers: "default" (the compressor's paper's setting: "model" for
+    # DEFT and CLT-k, "layer" otherwise), "layer" (per parameter tensor), "bucket" (per
+    # DDP bucket, real ranks only) or "model" (the worker's whole gradient).
+    granularity: str = "default"
+    # DGC's local gradient clipping (each worker clips its gradient to the task's clip
+    # norm × N^-1/2 before accumulating it, instead of clipping the aggregate): "auto" (on
+    # with momentum correction where the task clips), "on" or "off".
+    local_clip: str = "auto"
     # Any other constructor parameter of the compressor, checked against the registry.
     params: dict[str, Any] = field(default_factory=dict)
     # Dense steps before compression starts (DRAGONN compress-iter, PowerSGD start iter).
@@ -46,6 +54,7 @@ class TaskConfig:
     data_root: Optional[str] = None
     batch_size: Optional[int] = None  # per worker; null = the task's (paper) value
     lr: Optional[float] = None  # null = the task's (paper) value
+    clip: Optional[float] = None  # gradient-norm clipping; null = the task's (paper) value
 
 
 @dataclass
@@ -112,12 +121,19 @@ def validate(cfg: DictConfig) -> None:
     """Everything that can be checked before any worker starts. Raises ValueError /
     FileNotFoundError naming the key and the allowed values."""
     import compressors
+    from compressors.base import resolve_scope
 
     c = cfg.compressor
     names = compressors.list_compressors()
     check_choice("compressor.name", c.name, names)
     check_choice("compressor.feedback", c.feedback, ("default", "none", "residual", "momentum"))
-    check_choice("compressor.granularity", c.granularity, ("layer", "bucket"))
+    check_choice("compressor.granularity", c.granularity, ("default", "layer", "bucket", "model"))
+    check_choice("compressor.local_clip", c.local_clip, ("auto", "on", "off"))
+    if c.momentum is not None and not 0.0 <= c.momentum < 1.0:
+        raise ValueError(f"compressor.momentum={c.momentum} must lie in [0, 1) (or null: the "
+                         "task's SGD momentum)")
+    if cfg.task.clip is not None and not cfg.task.clip > 0:
+        raise ValueError(f"task.clip={cfg.task.clip} must be > 0 (or null: the task's own)")
     check_choice("cluster.mode", cfg.cluster.mode, ("spawn", "torchrun", "simulated"))
     check_choice("cluster.backend", cfg.cluster.backend, ("gloo", "nccl"))
     check_choice("task.size", cfg.task.size, ("smoke", "paper"))
@@ -168,6 +184,10 @@ def validate(cfg: DictConfig) -> None:
     except (ValueError, TypeError) as exc:
         keys = "compressor.ratio / compressor.params" if c.ratio is not None else "compressor.params"
         raise ValueError(f"compressor={c.name} ({keys}): {exc}") from None
+    try:  # the exchange's scope: DEFT refuses granularity=layer, with the reason
+        resolve_scope(compressor, c.granularity)
+    except ValueError as exc:
+        raise ValueError(f"compressor.granularity={c.granularity}: {exc}") from None
     # ... and one tiny simulated exchange with cluster.workers workers catches what depends
     # on the number of workers (THC's integer sums overflowing, too many stragglers).
     try:
@@ -185,14 +205,81 @@ def validate(cfg: DictConfig) -> None:
     # The task's constructor checks its data (canonical files present, stand-ins installed)
     # and its arguments: build it here so a bad path fails before any worker starts.
     try:
-        tasks.build_task(cfg.task.name, size=cfg.task.size, data=cfg.task.data,
-                         data_root=cfg.task.data_root, batch_size=cfg.task.batch_size,
-                         seed=cfg.seed)
+        task = tasks.build_task(cfg.task.name, size=cfg.task.size, data=cfg.task.data,
+                                data_root=cfg.task.data_root, batch_size=cfg.task.batch_size,
+                                seed=cfg.seed)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"task={cfg.task.name} (task.data={cfg.task.data}, "
                                 f"task.data_root={cfg.task.data_root}): {exc}") from None
     except ValueError as exc:
         raise ValueError(f"task={cfg.task.name}: {exc}") from None
+    training_plan(cfg, compressor, task.hparams)  # momentum and clipping agree
+
+
+@dataclass(frozen=True)
+class TrainingPlan:
+    """How a run combines the compressor with the task's optimizer and clipping."""
+
+    feedback: str  # none | residual | momentum (resolved from "default")
+    granularity: str  # layer | bucket | model (resolved from "default")
+    # Momentum correction's momentum and Nesterov form (feedback=momentum), else None.
+    correction_momentum: Optional[float]
+    correction_nesterov: bool
+    # The optimizer: "task" (the task's own), or "momentum_corrected_sgd": SGD whose
+    # momentum applies only to weight decay, the gradient's being in the feedback.
+    optimizer: str
+    local_clip: Optional[float]  # each worker's clip norm before N^-1/2 (DGC), or None
+    global_clip: Optional[float]  # clip norm of the aggregate (the usual place), or None
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def training_plan(cfg: DictConfig, compressor, hparams: dict[str, Any]) -> TrainingPlan:
+    """Resolve feedback, granularity, momentum and clipping for a run. DGC's momentum
+    correction replaces the optimizer's momentum (Lin et al. 2018, Section 3.2): with
+    feedback=momentum and an SGD task, the correction takes the task's momentum (unless
+    compressor.momentum is set) and the optimizer keeps momentum only for weight decay,
+    so momentum is never applied twice. An Adam task keeps Adam (DRAGONN's setting:
+    Adam with memory momentum correction). Local clipping (compressor.local_clip) moves
+    the task's clipping to each worker, before accumulation, at norm × N^-1/2."""
+    from compressors.base import resolve_scope
+
+    c = cfg.compressor
+    feedback = compressor.default_feedback if c.feedback == "default" else c.feedback
+    granularity = resolve_scope(compressor, c.granularity)
+    clip = cfg.task.clip if cfg.task.clip is not None else hparams.get("clip")
+    clip = float(clip) if clip else None
+    momentum, nesterov, optimizer = None, False, "task"
+    if feedback == "momentum":
+        if hparams.get("optimizer") == "sgd":
+            task_m = float(hparams.get("momentum", 0.0) or 0.0)
+            momentum = task_m if c.momentum is None else float(c.momentum)
+            nesterov = bool(hparams.get("nesterov", False)) and momentum > 0
+            optimizer = "momentum_corrected_sgd"
+        else:
+            momentum = 0.9 if c.momentum is None else float(c.momentum)
+    elif c.momentum is not None:
+        raise ValueError(
+            f"compressor.momentum={c.momentum} is the momentum of DGC's momentum correction, "
+            f"but this run's feedback is {feedback!r}: set compressor.feedback=momentum, or "
+            "leave compressor.momentum=null (the optimizer's momentum is the task's)")
+    local = c.local_clip == "on" or (c.local_clip == "auto" and feedback == "momentum"
+                                     and clip is not None)
+    if local and clip is None:
+        raise ValueError(
+            f"compressor.local_clip=on clips each worker's gradient at the task's clip norm "
+            f"× N^-1/2, but task {cfg.task.name!r} does not clip: set task.clip=NORM, or "
+            "compressor.local_clip=auto/off")
+    if local and granularity == "bucket":
+        raise ValueError(
+            "compressor.local_clip needs each worker's whole gradient before anything is "
+            "compressed, but compressor.granularity=bucket compresses each bucket as it "
+            "arrives: use compressor.granularity=layer or model, or compressor.local_clip=off")
+    return TrainingPlan(feedback=feedback, granularity=granularity,
+                        correction_momentum=momentum, correction_nesterov=nesterov,
+                        optimizer=optimizer, local_clip=clip if local else None,
+                        global_clip=None if local else clip)
 
 
 def probe_world_size(compressor, workers: int, seed: int = 0) -> None:

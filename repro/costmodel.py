@@ -59,6 +59,23 @@ class Network:
         """Pipelined broadcast: as the scatter + allgather it is usually built from."""
         return self.allreduce_s(nbytes) / 2
 
+    def collective_s(self, kind: str, nbytes: float) -> float:
+        """One collective of `nbytes` per worker: 'allreduce', 'allgather' (nbytes is each
+        worker's padded payload) or 'broadcast'."""
+        if kind == "allreduce":
+            return self.allreduce_s(nbytes)
+        if kind == "allgather":
+            return self.allgather_s(nbytes)
+        if kind == "broadcast":
+            return self.broadcast_s(nbytes)
+        raise ValueError(f"unknown collective {kind!r}; expected allreduce, allgather or broadcast")
+
+    def pattern_s(self, collectives) -> float:
+        """A tensor's exchange as it ran: the sum over its collectives ((kind, bytes per
+        worker), Outcome.collectives). DEFT's index allgather + value allreduce is charged
+        as those two, not as one allgather of all the bytes."""
+        return sum(self.collective_s(kind, nbytes) for kind, nbytes in collectives)
+
 
 @dataclass
 class LinearProfile:

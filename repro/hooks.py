@@ -3,27 +3,37 @@
     state, hook = repro.hooks.make("sidco_e", ratio=0.01, model=ddp_model)
     ddp_model.register_comm_hook(state, hook)
 
-The hook compresses each parameter's gradient (layer-wise, the papers' setting, from the
-bucket's per-parameter views) or the whole bucket (granularity="bucket"), batches the
-per-parameter collectives of a bucket into a few merged ones (compressors.multiplex), and
-runs them on the communication thread so they overlap with the rest of backward. Error
-feedback state is keyed by parameter name, so DDP's bucket rebuild after the first step
-does not disturb it; in bucket mode the feedback buffers are re-sliced by parameter when
-the buckets change. The returned Future holds the bucket's AVERAGED gradient.
+What one exchange covers (`granularity`, by default the compressor's paper's setting,
+Compressor.scope):
+- "layer": each parameter's gradient alone, from the bucket's per-parameter views;
+  a bucket's per-parameter collectives are merged into a few (compressors.multiplex).
+- "bucket": each DDP bucket as one tensor with its parameters' layout.
+- "model": the worker's whole gradient as one tensor with every parameter's layout
+  (DEFT's norm-based allocation of k across all layers, CLT-k's leader top-k over the
+  whole model): the hook holds each bucket until the step's last one arrives, then runs
+  one exchange and completes every bucket's Future.
+DGC's local gradient clipping (`local_clip`) also needs the worker's whole gradient, so
+with it the hook likewise holds the buckets until the last one. Otherwise the exchanges
+run on the communication thread as each bucket arrives, overlapping with the rest of
+backward. Error feedback state is keyed by parameter name (or "model"), so DDP's bucket
+rebuild after the first step does not disturb it; in bucket mode the feedback buffers
+are re-sliced by parameter when the buckets change. Each bucket's Future holds its
+AVERAGED gradient.
 
 No `from __future__ import annotations` here: DDP checks the hook's return annotation.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
 
 import compressors
-from compressors import Segment, Session
-from compressors.session import all_finite, mix_seed
+from compressors import MomentumCorrection, Segment, Session
+from compressors.base import resolve_scope
+from compressors.session import all_finite, mix_seed, nonfinite_error
 from compressors.multiplex import multiplex
 from repro.costmodel import EfficiencySelector
 from repro.distributed import run_async
@@ -42,6 +52,9 @@ class StepRecord:
     bytes_sent: int
     encode_s: float
     decode_s: float
+    # (kind, bytes per worker) of each collective (Outcome.collectives): the cost model
+    # charges the exchange as it ran.
+    collectives: tuple = ()
 
 
 class WorkerCompression:
@@ -67,9 +80,25 @@ class WorkerCompression:
         measure: bool = False,
         check_finite: bool = True,
         names: Optional[dict] = None,
+        granularity: str = "default",
+        local_clip: Optional[float] = None,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
+        self.granularity = resolve_scope(compressor, granularity)
+        if local_clip is not None:
+            if isinstance(local_clip, bool) or not isinstance(local_clip, (int, float)) or not (
+                    local_clip > 0 and local_clip < float("inf")):
+                raise ValueError(f"local_clip={local_clip!r} must be a positive number (the "
+                                 "clipping norm before it is scaled by world_size^-1/2) or None")
+            if self.granularity == "bucket":
+                raise ValueError(
+                    "local_clip needs the worker's whole gradient before anything is "
+                    "compressed, but granularity='bucket' compresses each bucket as it "
+                    "arrives: use granularity='layer' or 'model', or local_clip=None")
+        # DGC: each worker clips its own gradient before accumulating it, at the global
+        # threshold scaled by N^-1/2 (its share if all N had the same distribution).
+        self.local_clip = None if local_clip is None else float(local_clip) / world_size ** 0.5
         self.compressor = compressor
         self.rank = rank
         self.world_size = world_size
@@ -82,14 +111,23 @@ class WorkerCompression:
         # "none" without feedback is stateless, so one session serves every tensor.
         self.dense = Session(compressors.build("none"), rank, world_size,
                              feedback="none", seed=seed, check_finite=check_finite)
-        self.session_for("")  # fails now, not in the first backward, on a bad feedback
-        self.sessions.clear()
         self.selector = selector
         self.min_numel = min_numel
         self.enabled = True  # False: plain averaged allreduce (dense warm-up steps)
         self.records: list[StepRecord] = []
         self._names: dict[int, str] = dict(names or {})
+        # The model's parameter order: a "model" exchange lays tensors out in it,
+        # whatever order DDP's buckets deliver them in.
+        self._order: dict[str, int] = {n: i for i, n in enumerate(self._names.values())}
         self._bucket_layouts: dict[str, tuple[Segment, ...]] = {}
+        self._model_plans: dict[tuple, tuple] = {}
+        self._flat: dict[str, torch.Tensor] = {}
+        # Momentum correction (DGC) replaces the optimizer's momentum, so the tensors
+        # exchanged densely (too small, not worth it, dense warm-up steps) get the same
+        # momentum on their aggregate, in the same buffer u as when compressed.
+        fb = self.session_for("").feedback  # (fails now, not in the first backward)
+        self.sessions.clear()
+        self.dense_momentum = fb if isinstance(fb, MomentumCorrection) else None
 
     def session_for(self, name: str) -> Session:
         """The Session of one tensor (created on first use)."""
@@ -114,15 +152,51 @@ class WorkerCompression:
             return False
         return self.selector is None or self.selector.should_compress(numel)
 
+    @property
+    def deferred(self) -> bool:
+        """Whether an exchange needs the worker's whole gradient first (a "model" exchange,
+        or local clipping): the DDP hook then holds the buckets until the last one."""
+        return self.granularity == "model" or self.local_clip is not None
+
+    def step_job(self, named: list[tuple[str, torch.Tensor]], step: int,
+                 buffers: Optional[list[torch.Tensor]] = None):
+        """(protocol, finish) for one worker's whole step: every named gradient of the
+        model (the simulated trainer's worker, or the DDP hook once the last bucket has
+        arrived; `buffers`: the DDP buckets they are views of). Clips locally first where
+        local_clip is set, then compresses per granularity ("layer" or "model")."""
+        if self.local_clip is not None:
+            self.clip_locally([g for _, g in named])
+        if self.granularity == "model":
+            return self.model(named, step, buffers)
+        if self.granularity == "bucket":
+            raise ValueError("granularity='bucket' compresses each DDP bucket as it arrives "
+                             "(whole); a worker's whole step has no buckets")
+        return self.layerwise(named, step, buffers=buffers)
+
+    def clip_locally(self, grads: list[torch.Tensor]) -> None:
+        """DGC's local gradient clipping (Lin et al. 2018, Section 3.2), in place: this
+        worker's gradient rescaled to a total L2 norm of at most local_clip (the global
+        threshold times N^-1/2), before it is added to the accumulation."""
+        if not grads:
+            return
+        norms = torch._foreach_norm(grads)
+        total = torch.linalg.vector_norm(torch.stack(norms).to(torch.float64))
+        scale = float(self.local_clip / (float(total) + 1e-6))
+        if scale < 1.0:  # (a NaN/Inf norm leaves the gradient to the finiteness check)
+            torch._foreach_mul_(grads, scale)
+
     def layerwise(self, named: list[tuple[str, torch.Tensor]], step: int,
-                  buffer: torch.Tensor | None = None):
+                  buffer: torch.Tensor | None = None,
+                  buffers: Optional[list[torch.Tensor]] = None):
         """(protocol, finish) for per-tensor compression of `named` gradients; the
         protocol returns outcomes, finish(outcomes) writes the averages back in place.
-        `buffer`: the flat tensor the gradients are views of (a DDP bucket); when given,
-        finiteness is checked once on it, and per tensor only if it fails (to name the
-        tensor in the error)."""
-        checked = (self.check_finite and buffer is not None
-                   and all_finite(buffer))
+        `buffer` (or `buffers`): the flat tensor(s) the gradients are views of (DDP
+        buckets); when given, finiteness is checked once on each, and per tensor only
+        if one fails (to name the tensor in the error)."""
+        if buffer is not None:
+            buffers = [buffer]
+        checked = (self.check_finite and bool(buffers)
+                   and all(all_finite(b) for b in buffers))
         gens, flags = [], []
         for name, g in named:
             if self.compress_tensor(g.numel()):
@@ -140,6 +214,91 @@ class WorkerCompression:
         names = [n for n, _ in named]
         return multiplex(gens), lambda outcomes: self._finish(targets, outcomes, flags, names)
 
+    def model(self, named: list[tuple[str, torch.Tensor]], step: int,
+              buffers: Optional[list[torch.Tensor]] = None):
+        """(protocol, finish) compressing the worker's whole gradient as ONE tensor
+        ("model" granularity): the gradients worth compressing are copied, in the model's
+        parameter order, into one flat buffer kept between steps, exchanged once with
+        their layout (compressors.Segment per parameter), and the average copied back;
+        the others are reduced densely beside it."""
+        key_names = tuple(n for n, _ in named)
+        plan = self._model_plans.get(key_names)
+        if plan is None:
+            plan = self._model_plans[key_names] = self._plan_model(named)
+        groups, dense_at = plan
+        checked = (self.check_finite and bool(buffers)
+                   and all(all_finite(b) for b in buffers))
+        gens, flags, names, finishers = [], [], [], []
+        dense = list(dense_at)
+        for key, positions, layout, total in groups:
+            if not self.enabled:  # dense warm-up: each tensor as DDP's allreduce would
+                dense += positions
+                continue
+            grads = [named[i][1] for i in positions]
+            flat = self._flat.get(key)
+            like = grads[0]
+            if (flat is None or flat.numel() != total or flat.dtype != like.dtype
+                    or flat.device != like.device):
+                flat = self._flat[key] = torch.empty(total, dtype=like.dtype, device=like.device)
+            views = list(flat.split([s.numel for s in layout]))
+            torch._foreach_copy_(views, [g.reshape(-1) for g in grads])
+            if self.check_finite and not checked and not all_finite(flat):
+                bad = next(s for s, v in zip(layout, views) if not all_finite(v))
+                raise nonfinite_error(bad.name, views[layout.index(bad)])
+            gens.append(self.session_for(key).exchange(
+                key, flat, step, layout=layout, finite_checked=True, out=flat))
+            flags.append(True)
+            names.append(key)
+            finishers.append((grads, views))
+        for i in sorted(dense):
+            name, g = named[i]
+            gens.append(self.dense.exchange(name, g, step, writable=True,
+                                            finite_checked=checked))
+            flags.append(False)
+            names.append(name)
+            finishers.append(None)
+        by_name = dict(named)
+        targets = [by_name[n] if fin is None else self._flat[n] for n, fin in zip(names, finishers)]
+
+        def finish(outcomes):
+            self._finish(targets, outcomes, flags, names)
+            copies_to, copies_from = [], []
+            for fin in finishers:
+                if fin is not None:
+                    grads, views = fin
+                    copies_to += [g.view(-1) if g.is_contiguous() else g for g in grads]
+                    copies_from += [v if g.is_contiguous() else v.view_as(g)
+                                    for g, v in zip(grads, views)]
+            if copies_to:
+                torch._foreach_copy_(copies_to, copies_from)
+
+        return multiplex(gens), finish
+
+    def _plan_model(self, named):
+        """For a list of named gradients (in arrival order): the "model" exchanges, one
+        per (dtype, device), each as (state key, positions in `named` in model order,
+        layout, numel); and the positions of the tensors reduced densely."""
+        order = self._order
+        fallback = len(order)
+        compressed = [i for i, (_, g) in enumerate(named) if self.compress_tensor(g.numel())]
+        dense_at = [i for i in range(len(named)) if i not in set(compressed)]
+        kinds: dict[tuple, list[int]] = {}
+        for i in compressed:
+            g = named[i][1]
+            kinds.setdefault((g.dtype, g.device), []).append(i)
+        groups = []
+        for (dtype, device), positions in kinds.items():
+            positions.sort(key=lambda i: (order.get(named[i][0], fallback), i))
+            layout, offset = [], 0
+            for i in positions:
+                name, g = named[i]
+                layout.append(Segment(name, offset, g.numel(), tuple(g.shape)))
+                offset += g.numel()
+            key = "model" if len(kinds) == 1 else (
+                f"model:{str(dtype).removeprefix('torch.')}:{device}")
+            groups.append((key, positions, tuple(layout), offset))
+        return groups, dense_at
+
     def whole(self, flat: torch.Tensor, layout: tuple[Segment, ...], step: int):
         """(protocol, finish) for compressing a flat bucket as one tensor with a layout."""
         if self.compress_tensor(flat.numel()):
@@ -156,12 +315,32 @@ class WorkerCompression:
             agg = outcome.aggregate
             if agg.data_ptr() != target.data_ptr():
                 target.copy_(agg.view_as(target))
+            if not compressed and self.dense_momentum is not None and name != "dense":
+                self._momentum_on_aggregate(name, target)
             self.records.append(StepRecord(
                 name=name, numel=target.numel(), compressed=compressed,
                 selected=outcome.selected, target=outcome.target, union=outcome.union,
                 bytes_sent=outcome.bytes_sent, encode_s=outcome.encode_s,
-                decode_s=outcome.decode_s,
+                decode_s=outcome.decode_s, collectives=outcome.collectives,
             ))
+
+    def _momentum_on_aggregate(self, name: str, grad: torch.Tensor) -> None:
+        """SGD momentum on a densely reduced tensor's aggregate, in the momentum buffer
+        its momentum correction uses when it is compressed (DGC's code shares them)."""
+        fb = self.dense_momentum
+        state = self.session_for(name).state(name)["feedback"]
+        flat = grad.view(-1) if grad.is_contiguous() else grad.reshape(-1)
+        u = state.get("momentum")
+        if u is None or u.shape != flat.shape or u.dtype != flat.dtype:
+            u = state["momentum"] = torch.zeros_like(flat)
+        if fb.nesterov:
+            u.add_(flat).mul_(fb.momentum)
+            flat.add_(u)
+        else:
+            u.mul_(fb.momentum).add_(flat)
+            flat.copy_(u)
+        if not grad.is_contiguous():
+            grad.copy_(flat.view_as(grad))
 
     def pop_records(self) -> list[StepRecord]:
         out, self.records = self.records, []
@@ -229,7 +408,7 @@ class CompressionHookState(WorkerCompression):
         self,
         compressor: compressors.Compressor,
         feedback: Any = "default",
-        granularity: str = "layer",
+        granularity: str = "default",
         process_group: Any = None,
         model: Optional[torch.nn.Module] = None,
         seed: int = 0,
@@ -237,9 +416,8 @@ class CompressionHookState(WorkerCompression):
         min_numel: int = 0,
         measure: bool = False,
         check_finite: bool = True,
+        local_clip: Optional[float] = None,
     ):
-        if granularity not in ("layer", "bucket"):
-            raise ValueError(f"granularity={granularity!r}: choose 'layer' or 'bucket'")
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
         names = {}
@@ -249,10 +427,13 @@ class CompressionHookState(WorkerCompression):
             compressor, dist.get_rank(process_group), dist.get_world_size(process_group),
             feedback=feedback, seed=seed, selector=selector, min_numel=min_numel,
             measure=measure, check_finite=check_finite, names=names,
+            granularity=granularity, local_clip=local_clip,
         )
         self.process_group = process_group
-        self.granularity = granularity
         self.step = 0
+        # Buckets held until the step's last one arrives (deferred exchanges):
+        # (named gradients, bucket buffer, the Future DDP got for it).
+        self._held: list[tuple[list, torch.Tensor, torch.futures.Future]] = []
 
     def state_dict(self) -> dict[str, Any]:
         return {"step": self.step, **super().state_dict()}
@@ -266,10 +447,14 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
     """DDP communication hook: compress, exchange, and return the averaged bucket."""
     buffer = bucket.buffer()
     step = state.step
-    if bucket.is_last():
+    last = bucket.is_last()
+    if last:
         state.step += 1
     params = bucket.parameters()
     grads = bucket.gradients()
+    if state.deferred:
+        return _hold(state, [(state.name_of(p), g) for p, g in zip(params, grads)], buffer,
+                     step, last)
     if state.granularity == "bucket":
         layout, offset = [], 0
         for p, g in zip(params, grads):
@@ -287,31 +472,73 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
     return run_async(job, state.process_group).then(done)
 
 
+def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: int,
+          last: bool) -> torch.futures.Future:
+    """A deferred exchange: each bucket's Future is completed once the step's last bucket
+    has arrived and the one exchange of the whole gradient has run. DDP calls the hook
+    for every bucket, in order, before it waits on any Future, so holding them is safe."""
+    fut: torch.futures.Future = torch.futures.Future()
+    state._held.append((named, buffer, fut))
+    if not last:
+        return fut
+    held, state._held = state._held, []
+    try:
+        job, finish = state.step_job([ng for n, _, _ in held for ng in n], step,
+                                     buffers=[b for _, b, _ in held])
+    except BaseException as exc:
+        for _, _, f in held:
+            f.set_exception(exc)
+        return fut
+
+    def done(f: torch.futures.Future) -> None:
+        try:
+            finish(f.value())
+        except BaseException as exc:  # every bucket's Future carries the error
+            for _, _, h in held:
+                h.set_exception(exc)
+            return
+        for _, b, h in held:
+            h.set_result(b)
+
+    run_async(job, state.process_group).then(done)
+    return fut
+
+
 def make(
     name: str,
     *,
     feedback: Any = "default",
-    granularity: str = "layer",
+    granularity: str = "default",
     process_group: Any = None,
     model: Optional[torch.nn.Module] = None,
     seed: int = 0,
     selector: Optional[EfficiencySelector] = None,
     min_numel: int = 0,
     measure: bool = False,
+    local_clip: Optional[float] = None,
     **params: Any,
 ) -> tuple[CompressionHookState, Callable]:
     """(state, hook) for `ddp_model.register_comm_hook(state, hook)`.
 
     name/params: a registered compressor and its parameters (compressors.build).
-    feedback: "default" (the compressor's), "none", "residual" or "momentum".
-    granularity: "layer" (per parameter, the papers' setting) or "bucket".
-    model: the DDP model, so state is keyed by parameter names (needed for checkpoints).
+    feedback: "default" (the compressor's), "none", "residual" or "momentum" (DGC's
+        momentum correction: then give your optimizer no momentum of its own, see
+        repro.optim.MomentumCorrectedSGD).
+    granularity: "default" (the compressor's paper's setting: "model" for DEFT and CLT-k,
+        "layer" for the others), "layer" (per parameter), "bucket" (per DDP bucket) or
+        "model" (the whole gradient as one exchange, after the last bucket).
+    model: the DDP model, so state is keyed by parameter names (needed for checkpoints
+        and for "model" granularity's layout in parameter order).
     selector: DRAGONN's efficiency-aware selection (repro.costmodel.EfficiencySelector).
     min_numel: tensors smaller than this are allreduced densely (a static cut-off).
+    local_clip: DGC's local gradient clipping: each rank clips its own gradient to this
+        global norm times world_size^-1/2 before error feedback accumulates it (holds the
+        buckets until the last one, as "model" does). None: off.
     """
     compressor = compressors.build(name, **params)
     state = CompressionHookState(
         compressor, feedback=feedback, granularity=granularity, process_group=process_group,
         model=model, seed=seed, selector=selector, min_numel=min_numel, measure=measure,
+        local_clip=local_clip,
     )
     return state, compression_hook

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from compressors import Pattern, drive
+from compressors import drive
 from repro import config as config_mod
 from repro.costmodel import EfficiencySelector, Network, profile_compressor, sent_fraction
 from repro.distributed import comm_clock
@@ -62,18 +62,16 @@ def network_of(cfg) -> Network:
     return Network(workers=cl.target_workers, bandwidth_gbps=cl.bandwidth_gbps, latency_us=cl.latency_us)
 
 
-def projected_comm_s(records: list[StepRecord], pattern: Pattern, network: Network) -> tuple[float, float]:
+def projected_comm_s(records: list[StepRecord], network: Network) -> tuple[float, float]:
     """(projected seconds of this step's exchanges, projected seconds if all were dense)
-    on the target cluster, from the bytes each tensor really sent."""
+    on the target cluster: each tensor's collectives charged as they ran (an index
+    allgather and a value allreduce as those two; an unequal allgather at its padded
+    size), from the bytes each really moved."""
     comm = dense = 0.0
     for r in records:
-        dense_bytes = r.numel * 4
-        dense += network.allreduce_s(dense_bytes)
-        if not r.compressed:
-            comm += network.allreduce_s(r.bytes_sent)
-        elif pattern in (Pattern.SPARSE_ALLGATHER, Pattern.DENSE_ALLGATHER,
-                         Pattern.INDEX_ALLGATHER_VALUE_ALLREDUCE):
-            comm += network.allgather_s(r.bytes_sent)
+        dense += network.allreduce_s(r.numel * 4)
+        if r.collectives:
+            comm += network.pattern_s(r.collectives)
         else:
             comm += network.allreduce_s(r.bytes_sent)
     return comm, dense
@@ -116,10 +114,13 @@ class Trainer:
         )
         if cfg.task.lr is not None:
             self.task.hparams["lr"] = float(cfg.task.lr)
+        if cfg.task.clip is not None:
+            self.task.hparams["clip"] = float(cfg.task.clip)
         self.device = torch.device(cfg.cluster.device)
         self.model = self.task.build_model().to(self.device)
         self.network = network_of(cfg)
         self.compressor = config_mod.build_compressor(cfg, world_size)
+        self.plan = config_mod.training_plan(cfg, self.compressor, self.task.hparams)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0
@@ -134,16 +135,17 @@ class Trainer:
         if cfg.compressor.efficiency_aware:
             profile = profile_compressor(self.compressor, sizes=(2**10, 2**14, 2**17), repeats=2)
             selector = EfficiencySelector(self.network, profile, sent_fraction(self.compressor))
-        feedback = cfg.compressor.feedback
+        plan = self.plan
+        feedback: Any = plan.feedback
         if feedback == "momentum":
             from compressors import MomentumCorrection
 
-            feedback = MomentumCorrection(cfg.compressor.momentum)
+            feedback = MomentumCorrection(plan.correction_momentum, plan.correction_nesterov)
         kwargs = dict(feedback=feedback, seed=cfg.seed, selector=selector,
-                      min_numel=cfg.compressor.min_numel, measure=True)
+                      min_numel=cfg.compressor.min_numel, measure=True,
+                      granularity=plan.granularity, local_clip=plan.local_clip)
         if isinstance(self, DDPTrainer):
-            return CompressionHookState(self.compressor, granularity=cfg.compressor.granularity,
-                                        model=self.model_for_names, **kwargs)
+            return CompressionHookState(self.compressor, model=self.model_for_names, **kwargs)
         return WorkerCompression(self.compressor, rank, world, names=names, **kwargs)
 
     def apply_schedule(self, compressions: list[WorkerCompression]) -> None:
@@ -170,15 +172,26 @@ class Trainer:
 
     def setup_optim(self) -> None:
         self.optimizer = self.task.make_optimizer(self.model.parameters())
+        if self.plan.optimizer == "momentum_corrected_sgd":
+            # The gradient's momentum is in the feedback: SGD keeps it for weight decay only.
+            from repro.optim import MomentumCorrectedSGD
+
+            base = self.optimizer
+            self.optimizer = MomentumCorrectedSGD(
+                [{"params": g["params"], "weight_decay": g["weight_decay"]}
+                 for g in base.param_groups],
+                lr=base.defaults["lr"], momentum=self.plan.correction_momentum,
+                nesterov=self.plan.correction_nesterov)
         steps_per_epoch = getattr(self.task, "steps_per_epoch", None)
         if callable(steps_per_epoch):
             steps_per_epoch = steps_per_epoch(self.world_size)
         self.scheduler = self.task.make_scheduler(self.optimizer, steps_per_epoch or 100)
 
     def clip(self) -> None:
-        clip = self.task.hparams.get("clip")
-        if clip:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        """Clipping of the aggregate; with DGC's local clipping it happened on each worker
+        before accumulation instead (WorkerCompression.clip_locally)."""
+        if self.plan.global_clip:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.plan.global_clip)
 
     def maybe_fail(self) -> None:
         spec = os.environ.get(FAIL_ENV)
@@ -299,6 +312,8 @@ class Trainer:
             "metric": self.task.metric, "target": self.task.target,
             "higher_is_better": self.task.higher_is_better,
             "data_source": self.task.data_source, **final, **self.best,
+            # feedback, granularity, momentum and clipping as this run resolved them
+            "training": self.plan.describe(),
             # How this process got here: the checkpoint step it resumed from (None: from
             # scratch) and torchrun's relaunch count.
             "resumed_from_step": resumed_from,
@@ -341,7 +356,7 @@ class Trainer:
         ratio = ratio_at(self.cfg, self.step)
         if ratio is not None:
             m["ratio"] = ratio
-        proj_comm, proj_dense = projected_comm_s(records, self.compressor.pattern, self.network)
+        proj_comm, proj_dense = projected_comm_s(records, self.network)
         proj_step = m["compute_s"] + m["compress_s"] + proj_comm
         m["projected/comm_s"] = proj_comm
         per_worker = global_batch / self.world_size
@@ -362,7 +377,7 @@ class BuiltinAllreduce:
         self.records = [
             StepRecord(name=n, numel=p.numel(), compressed=False, selected=None, target=None,
                        union=None, bytes_sent=p.numel() * p.element_size(), encode_s=0.0,
-                       decode_s=0.0)
+                       decode_s=0.0, collectives=(("allreduce", p.numel() * p.element_size()),))
             for n, p in model.named_parameters() if p.requires_grad
         ]
 
@@ -497,7 +512,7 @@ class SimulatedTrainer(Trainer):
         set_rng(self.worker_rng[0])  # the process continues as rank 0 (evaluation)
         jobs, finishes = [], []
         for comp, named in zip(self.compressions, grads_per_worker):
-            job, finish = comp.layerwise(named, self.step)
+            job, finish = comp.step_job(named, self.step)
             jobs.append(job)
             finishes.append(finish)
         outcomes = drive(jobs)

@@ -530,12 +530,12 @@ class _ReplicaTrainer:
                     grads.append([(n, p.grad) for n, p in named])
                 jobs, finishes = [], []
                 for comp, named in zip(self.compressions, grads):
-                    job, finish = comp.layerwise(named, self.step)
+                    job, finish = comp.step_job(named, self.step)
                     jobs.append(job)
                     finishes.append(finish)
                 for finish, out in zip(finishes, drive(jobs)):
                     finish(out)  # each replica's .grad now holds its own aggregate
-                clip = self.task.hparams.get("clip")
+                clip = self.plan.global_clip
                 for model, opt in zip(self.replicas[1:], self.replica_opts[1:]):
                     if clip:
                         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
