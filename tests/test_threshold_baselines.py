@@ -46,12 +46,14 @@ def test_heuristics_misestimate_heavy_tails_at_aggressive_ratio():
     grads = stream("student-t", 100_000, 2, 30)
     _, gk = run("gaussianksgd", grads, ratio=0.001)
     gk_mean = sum(gk[-20:]) / 20
-    assert not 0.5 <= gk_mean <= 2.0, f"gaussianksgd mean k̂/k {gk_mean:.2f}"
+    # The normal fit puts the threshold far too low on a heavy tail: over-selection.
+    assert gk_mean > 10, f"gaussianksgd mean k̂/k {gk_mean:.2f}"
 
     _, rs = run("redsync", grads, ratio=0.001)
     rs_mean = sum(rs[-20:]) / 20
-    assert not 0.5 <= rs_mean <= 2.0, f"redsync mean k̂/k {rs_mean:.2f}"
-    assert max(rs[-20:]) / max(min(rs[-20:]), 1e-3) > 10, "redsync should fluctuate"
+    # Over-selects on average (measured 3.8–13 over seeds), swinging both ways.
+    assert rs_mean > 2, f"redsync mean k̂/k {rs_mean:.2f}"
+    assert min(rs[-20:]) < 0.5 and max(rs[-20:]) > 10, "redsync should swing both ways"
 
     _, sd = run("sidco_gp", grads, ratio=0.001)
     assert 0.8 <= sum(sd[-20:]) / 20 <= 1.25
