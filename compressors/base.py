@@ -294,15 +294,26 @@ def sparse_mean(
     world_size: int,
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
+    lengths: list[int] | None = None,
 ) -> torch.Tensor:
-    """Batched sparse decoding (DRAGONN 4.3): all ranks' (index, value) pairs in ONE
-    scatter-add into a zero dense tensor, duplicates summed in order, then divided by the
-    world size. `out`: the flat tensor of numel elements of dtype to decode into, whatever
-    it holds (Context.aggregate_buffer(..., zero=False)); a new one when None. On the CPU
-    the native kernel writes the result in one sweep (_native.scatter_mean), bit for bit
-    the torch expression below. Every index must be valid (0 <= i < numel): callers with
-    empty slots (DRAGONN's −1) filter them first."""
-    idx = torch.cat(indices) if isinstance(indices, list) else indices
+    """Batched sparse decoding (DRAGONN 4.3): every rank's (index, value) pairs added into
+    a zero dense tensor, duplicates summed, then divided by the world size. `out`: the
+    flat tensor of numel elements of dtype to decode into, whatever it holds
+    (Context.aggregate_buffer(..., zero=False)); a new one when None.
+
+    Duplicates are summed in rank order, on every device: ranks' payloads, one list entry
+    (or `lengths` entry of a concatenation) per rank, each holding an index at most once.
+    On the CPU the native kernel sweeps the concatenation once (_native.scatter_mean),
+    which is rank order; elsewhere one index_add_ per rank, in rank order, so no two
+    additions to one element ever race (CUDA's index_add_ over ONE concatenation adds
+    colliding pairs with atomics, in arrival order, and ranks would round the same sum
+    differently). Every index must be valid (0 <= i < numel): callers with empty slots
+    (DRAGONN's −1) filter them first, or point them at an element with a value of +0.0."""
+    if isinstance(indices, list):
+        lengths = [int(i.numel()) for i in indices]
+        idx = torch.cat(indices) if len(indices) != 1 else indices[0]
+    else:
+        idx = indices
     val = torch.cat(values) if isinstance(values, list) else values
     val = val.to(dtype)
     if out is None:
@@ -311,7 +322,16 @@ def sparse_mean(
         return _native.scatter_mean(idx.contiguous(), val.contiguous(), out, world_size)
     out.zero_()
     if idx.numel():
-        out.index_add_(0, idx, val)
+        if lengths is None or len(lengths) == 1:
+            if lengths is None and out.device.type != "cpu" and world_size > 2:
+                raise ValueError(
+                    "sparse_mean needs each rank's payload apart (a list per rank, or "
+                    "lengths=) off the CPU, to sum them in rank order")
+            out.index_add_(0, idx, val)
+        else:
+            for i, v in zip(idx.split(lengths), val.split(lengths)):
+                if i.numel():
+                    out.index_add_(0, i, v)
     if world_size > 1:
         out.div_(world_size)
     return out

@@ -294,11 +294,12 @@ def sparse_decode(
     dtype: torch.dtype,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Batched sparse decoding: ONE index_add of every worker's (index, value) pairs into a
-    zero dense tensor (`out` when given, see sparse_mean), duplicates summed, divided by
-    the world size. Empty slots (index < 0) add an exact +0.0 to element 0: the sum there
+    """Batched sparse decoding: every worker's (index, value) pairs added into a zero dense
+    tensor (`out` when given, see sparse_mean), duplicates summed in rank order, divided
+    by the world size. Empty slots (index < 0) add an exact +0.0 to element 0: the sum there
     starts at +0.0 and, rounding to nearest, never reaches −0.0, so x + 0.0 = x."""
     idx = torch.cat(indices)
     empty = idx < 0
     val = torch.cat(values).to(dtype).masked_fill_(empty, 0)
-    return sparse_mean(idx.masked_fill(empty, 0), val, numel, world_size, dtype, out=out)
+    return sparse_mean(idx.masked_fill(empty, 0), val, numel, world_size, dtype, out=out,
+                       lengths=[int(i.numel()) for i in indices])
