@@ -4,8 +4,12 @@ read that file. No @hydra.main anywhere near the workers (lightning-hydra-templa
 hydra #2070: ranks racing on output folders and re-running sweeps).
 
 Sweeps: `repro train -m compressor=topk,dgc compressor.ratio=0.01,0.001` expands every
-comma list (Hydra's own override grammar) into the cartesian product; a run whose
-directory holds DONE is skipped, so re-running a sweep finishes only what is missing.
+comma list (Hydra's own override grammar) into the cartesian product. A run directory is
+named after a few config values only, so a run is keyed on its whole resolved config: a
+run whose directory holds the same config.yaml is skipped when DONE and resumed from its
+last checkpoint otherwise (re-running a sweep finishes only what is missing); a run whose
+directory holds a different config.yaml is refused before anything starts, naming every
+differing key, unless the caller asked to restart it.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig
 
@@ -145,16 +150,119 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
 
 
+# Config keys that cannot change a run's results, left out when a run's config is compared
+# with the config.yaml already in its directory: where the run lives (run_dir, runs_root;
+# moving or copying a runs folder must not invalidate its runs) and how progress is shown
+# or mirrored (the progress bar, W&B logging and its project), none of which touches the
+# training itself or the local metrics.jsonl / summary.json.
+RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project")
+
+ON_CHANGE = ("refuse", "restart")
+
+ABSENT = "(absent)"
+
+
+@dataclass
+class Change:
+    """One config key whose value differs from the run directory's config.yaml."""
+
+    key: str  # dotted, e.g. "compressor.params.sample_ratio"
+    old: Any  # ABSENT where the saved config lacks the key
+    new: Any  # ABSENT where this run's config lacks it
+
+    def __str__(self) -> str:
+        return f"{self.key}: {_show(self.old)} -> {_show(self.new)}"
+
+
 @dataclass
 class Planned:
     overrides: list[str]
     cfg: DictConfig
     run_dir: str
     done: bool
+    # How this run's config differs from the config.yaml already in run_dir (empty when
+    # there is none, or it is the same up to RESULT_NEUTRAL_KEYS).
+    changes: list[Change] = field(default_factory=list)
 
 
-def plan(overrides: list[str], multirun: bool) -> list[Planned]:
-    """Compose and validate every run of the (sweep) command before any starts."""
+def _show(value: Any) -> str:
+    if value is ABSENT:
+        return ABSENT
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return value if value.strip() == value and value else repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return str(value)
+
+
+def _neutral(key: str) -> bool:
+    return any(key == k or key.startswith(k + ".") for k in RESULT_NEUTRAL_KEYS)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> leaf value; lists are leaves, an empty mapping contributes nothing."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _as_saved(cfg: DictConfig) -> dict[str, Any]:
+    """The config as config_mod.save writes it and a later plan() reads it back, so that
+    an unchanged config compares equal value for value (floats, nulls, bools)."""
+    from omegaconf import OmegaConf
+
+    text = OmegaConf.to_yaml(cfg, resolve=True)
+    return OmegaConf.to_container(OmegaConf.create(text), resolve=True) or {}
+
+
+def config_changes(cfg: DictConfig, saved_path: str) -> list[Change]:
+    """Every key (dotted) whose value in `cfg` differs from the config at saved_path,
+    RESULT_NEUTRAL_KEYS excepted; a key present on one side only (a config.yaml written by
+    an older or newer schema) is a change, to or from ABSENT. No file: no changes."""
+    from omegaconf import OmegaConf
+
+    if not os.path.exists(saved_path):
+        return []
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
+    except Exception as exc:  # noqa: BLE001 - a torn or hand-edited file is a change
+        return [Change("config.yaml", f"unreadable ({_first_line(exc)})", "this run's config")]
+    old = _flatten(saved if isinstance(saved, dict) else {})
+    new = _flatten(_as_saved(cfg))
+    keys = list(new) + [k for k in old if k not in new]
+    return [Change(k, old.get(k, ABSENT), new.get(k, ABSENT))
+            for k in keys if not _neutral(k) and old.get(k, ABSENT) != new.get(k, ABSENT)]
+
+
+def _changed_message(changed: list[Planned]) -> str:
+    runs = "1 run" if len(changed) == 1 else f"{len(changed)} runs"
+    lines = [f"{runs} of this command: the config.yaml already in the run directory differs "
+             "from the run's config, so the run is neither skipped, resumed nor overwritten "
+             "(nothing was run):"]
+    for p in changed:
+        lines.append(f"  {p.run_dir}")
+        lines += [f"    {c}" for c in p.changes]
+    lines.append("Either discard the old run(s) and start afresh: `repro train --restart ...` "
+                 "(launch.train(..., restart=True)); or keep both: give the new run(s) their "
+                 "own directory with name=... (one run) or group=... (a sweep).")
+    return "\n".join(lines)
+
+
+def plan(overrides: list[str], multirun: bool, on_change: str = "refuse") -> list[Planned]:
+    """Compose and validate every run of the (sweep) command before any starts, and
+    compare each with the config.yaml already in its run directory. on_change="refuse"
+    raises a ValueError naming every changed run, key, old and new value;
+    on_change="restart" returns the changed runs as not done, with their `changes`, for
+    the caller to discard (see discard) and run afresh."""
+    if on_change not in ON_CHANGE:
+        raise ValueError(f"on_change={on_change!r}; choose one of: {', '.join(ON_CHANGE)}")
     combos = expand_sweep(overrides) if multirun else [list(overrides)]
     planned = []
     for combo in combos:
@@ -162,19 +270,43 @@ def plan(overrides: list[str], multirun: bool) -> list[Planned]:
         config_mod.validate(cfg)
         run_dir = config_mod.resolve_run_dir(cfg)
         cfg.run_dir = run_dir
-        planned.append(Planned(combo, cfg, run_dir, os.path.exists(os.path.join(run_dir, "DONE"))))
+        changes = config_changes(cfg, os.path.join(run_dir, "config.yaml"))
+        done = os.path.exists(os.path.join(run_dir, "DONE")) and not changes
+        planned.append(Planned(combo, cfg, run_dir, done, changes))
     dirs = [p.run_dir for p in planned]
     if len(set(dirs)) != len(dirs):
         raise ValueError("two runs of this sweep map to the same run directory; set name= or group=")
+    changed = [p for p in planned if p.changes]
+    if changed and on_change == "refuse":
+        raise ValueError(_changed_message(changed))
     return planned
 
 
+def discard(p: Planned) -> None:
+    """Delete a planned run's directory (its old config, metrics, checkpoints, DONE), so
+    that it runs afresh; p.changes is kept, to say why."""
+    if os.path.exists(p.run_dir):
+        shutil.rmtree(p.run_dir)
+    p.done = False
+
+
+def status(p: Planned, dry_run: bool = False) -> str:
+    """The word printed for a planned run: '[done, skipped]', '[running]', ..."""
+    if p.done:
+        return "done, skipped"
+    if p.changes:
+        return "config changed, " + ("would restart" if dry_run else "restarting")
+    return "would run" if dry_run else "running"
+
+
 def launch(p: Planned) -> None:
-    """Run one planned run to completion (resuming from its last checkpoint, if any)."""
-    os.makedirs(p.run_dir, exist_ok=True)
+    """Run one planned run to completion (resuming from its last checkpoint, if any). A
+    run directory holding a different config is refused, never overwritten."""
     cfg_path = os.path.join(p.run_dir, "config.yaml")
-    if os.path.exists(cfg_path) and not os.path.exists(os.path.join(p.run_dir, "checkpoints", "LATEST")):
-        pass  # a fresh (or never-checkpointed) run: overwrite the config
+    changes = config_changes(p.cfg, cfg_path)
+    if changes:
+        raise ValueError(_changed_message([Planned(p.overrides, p.cfg, p.run_dir, False, changes)]))
+    os.makedirs(p.run_dir, exist_ok=True)
     config_mod.save(p.cfg, cfg_path)
     mode = p.cfg.cluster.mode
     if mode == "simulated":
@@ -228,15 +360,25 @@ def torchrun(run_dir: str, cfg: DictConfig) -> None:
 
 
 def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
-          restart: bool = False, out=print) -> list[str]:
-    """Plan, then run every run not yet done; the run directories in order."""
-    planned = plan(overrides, multirun)
+          restart: bool = False, out=print, on_change: str = "refuse") -> list[str]:
+    """Plan, then run every run not yet done; the run directories in order.
+
+    restart=True discards every run's directory first (`repro train --restart`).
+    Otherwise a run whose directory holds a different config is handled by on_change:
+    "refuse" (the command line's choice) raises before anything runs; "restart" (for a
+    caller that owns its runs folder, e.g. the paper figures) discards and re-runs it. A
+    dry run deletes nothing."""
+    if on_change not in ON_CHANGE:
+        raise ValueError(f"on_change={on_change!r}; choose one of: {', '.join(ON_CHANGE)}")
+    planned = plan(overrides, multirun, on_change="restart" if restart else on_change)
     for p in planned:
-        if restart and os.path.exists(p.run_dir):
-            shutil.rmtree(p.run_dir)
-            p.done = False
-        status = "done, skipped" if p.done else ("would run" if dry_run else "running")
-        out(f"[{status}] {p.run_dir}")
+        if restart:
+            p.done, p.changes = False, []
+            if not dry_run:
+                discard(p)
+        elif p.changes and not dry_run:
+            discard(p)
+        out(f"[{status(p, dry_run)}] {p.run_dir}")
         if not p.done and not dry_run:
             launch(p)
     return [p.run_dir for p in planned]

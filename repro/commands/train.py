@@ -1,4 +1,6 @@
-"""`repro train [OVERRIDES...] [-m]`: compose, validate, launch (see repro/launch.py)."""
+"""`repro train [OVERRIDES...] [-m] [--restart]`: compose, validate, launch (see
+repro/launch.py; a run whose directory holds a different config is refused unless
+--restart)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,10 @@ def add_parser(sub) -> None:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. compressor=dgc steps=200")
     p.add_argument("-m", "--multirun", action="store_true", help="expand comma lists into a sweep")
     p.add_argument("--dry-run", action="store_true", help="compose and validate only")
-    p.add_argument("--restart", action="store_true", help="delete existing run directories first")
+    p.add_argument("--restart", action="store_true",
+                   help="delete the runs' existing directories (config, metrics, checkpoints) "
+                   "and run afresh; without it a finished run is skipped, an unfinished one "
+                   "resumes, and a run whose directory holds a different config is refused")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.set_defaults(func=run)
 

@@ -185,14 +185,15 @@ class Context:
 
     def train(self, overrides: Sequence[str], multirun: bool = False) -> list[str]:
         """Training runs through `repro train` (runs already DONE are skipped), grouped
-        under this figure's runs/ folder; the run directories in order."""
+        under this figure's runs/ folder; the run directories in order. The figure owns
+        that folder, so a run whose config changed is re-run rather than refused."""
         from repro import launch
 
         args = [*overrides, f"runs_root={self.runs_root}", f"group={self.figure.id}",
                 *self.overrides]
         if self.figure.experiment:
             args.insert(0, f"experiment={self.figure.experiment}")
-        return launch.train(args, multirun=multirun, out=self.say)
+        return launch.train(args, multirun=multirun, out=self.say, on_change="restart")
 
     def write_csv(self, name: str, rows: Iterable[Mapping[str, Any]]) -> Path:
         """Write data rows (dicts with the same keys) to out_dir/<name>.csv atomically."""

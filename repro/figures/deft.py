@@ -406,7 +406,7 @@ def deft_run(ctx: Context, workload: str, compressor: str, workers: int) -> str:
         overrides.append(f"compressor.ratio={WORKLOADS[workload]['ratio']}")
     root = ctx.out_dir.parent / SHARED_RUNS / "runs"
     args = [*overrides, f"runs_root={root}", f"group={SHARED_RUNS}", *ctx.overrides]
-    return launch.train(args, out=ctx.say)[0]
+    return launch.train(args, out=ctx.say, on_change="restart")[0]
 
 
 def _convergence_runs(ctx: Context, compressors: Sequence[str]) -> dict[tuple[str, str], str]:

@@ -549,14 +549,17 @@ class _ReplicaTrainer:
 
 def _replica_run(ctx: Context, overrides: list[str], sync_every: int) -> str:
     """A run of the replica trainer, planned and configured by the suite's launcher (same
-    config checks, run directory layout and DONE marker as `repro train`)."""
+    config checks, run directory layout and DONE marker as `repro train`; a run whose
+    config changed is discarded and re-run, as the figure owns its runs folder)."""
     from repro import config as config_mod
     from repro import launch
 
     args = [f"experiment={ctx.figure.experiment}", *overrides, f"runs_root={ctx.runs_root}",
             f"group={ctx.figure.id}", *ctx.overrides]
-    planned = launch.plan(args, multirun=False)[0]
-    ctx.say(f"[{'done, skipped' if planned.done else 'running'}] {planned.run_dir} "
+    planned = launch.plan(args, multirun=False, on_change="restart")[0]
+    if planned.changes:
+        launch.discard(planned)
+    ctx.say(f"[{launch.status(planned)}] {planned.run_dir} "
             f"(replica per worker, sync every {sync_every or 'never'})")
     if not planned.done:
         os.makedirs(planned.run_dir, exist_ok=True)
