@@ -68,6 +68,12 @@ class ClusterConfig:
     device: str = "cpu"
     threads_per_worker: int = 1
     max_restarts: int = 0
+    # Seconds a collective may wait for the other ranks before the run stops, naming the
+    # rank that stopped answering (torch.distributed's own default is 30 min for gloo).
+    timeout_s: float = 300.0
+    # Every N steps compare a checksum of every parameter across ranks and stop, naming
+    # the first tensor that differs (0: never).
+    replica_check_every: int = 0
     # The cluster the measured step is projected onto (clearly labelled "projected").
     target_workers: int = 16
     bandwidth_gbps: float = 25.0
@@ -97,6 +103,10 @@ class TrainConfig:
     # false: DDP's built-in allreduce instead of our comm hook (compressor=none, real
     # ranks only): the baseline of the hook-overhead benchmark (`repro hookbench`).
     comm_hook: bool = True
+    # A NaN or an Inf in any worker's gradient, decided once for all workers: "error" (every
+    # rank stops with the same error, naming the step, the tensor and the rank), "skip"
+    # (every rank skips the step, as torch.amp.GradScaler does) or "off" (no check).
+    nonfinite: str = "error"
     group: str = "default"  # W&B group and runs/<group>/ folder (the sweep name)
     runs_root: str = "runs"
     run_dir: Optional[str] = None  # fixed by the launcher: runs/<group>/<run name>
@@ -141,6 +151,11 @@ def validate(cfg: DictConfig) -> None:
     check_at_least("cluster.workers", cfg.cluster.workers, 1)
     check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
     check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)
+    check_at_least("cluster.replica_check_every", cfg.cluster.replica_check_every, 0)
+    if not cfg.cluster.timeout_s > 0:
+        raise ValueError(f"cluster.timeout_s={cfg.cluster.timeout_s} must be > 0 (seconds a "
+                         "collective may wait for the other ranks)")
+    check_choice("nonfinite", cfg.nonfinite, ("error", "skip", "off"))
     check_at_least("steps", cfg.steps, 1)
     for key in ("eval_every", "checkpoint_every", "logger.log_every", "compressor.start_step",
                 "compressor.warmup_steps", "compressor.min_numel"):

@@ -33,10 +33,32 @@ import torch.distributed as dist
 import compressors
 from compressors import MomentumCorrection, Segment, Session
 from compressors.base import resolve_scope
-from compressors.session import all_finite, mix_seed, nonfinite_error
+from compressors.requests import AllReduce
+from compressors.session import all_finite, mix_seed
 from compressors.multiplex import multiplex
 from repro.costmodel import EfficiencySelector
 from repro.distributed import run_async
+
+
+NONFINITE = ("error", "skip", "off")
+SKIPPED = object()  # what a guarded protocol returns when the workers skip the step
+
+
+class NonFiniteGradient(FloatingPointError):
+    """A NaN or an Inf in a worker's gradient: raised on every worker at once, naming the
+    step, the tensor and the ranks that saw it."""
+
+
+def nonfinite_message(reports, named, step: int) -> str:
+    """The one message every worker raises (reports: agree_finite's list)."""
+    rank, position, kind = reports[0]
+    others = ", ".join(f"rank {r} ({named[p][0]!r}, {k})" for r, p, k in reports[1:])
+    return (f"step {step}: gradient {named[position][0]!r} contains {kind} on rank {rank}"
+            + (f"; also {others}" if others else "")
+            + ". Compressing it would spread it into every worker's error feedback. Lower "
+            "the learning rate, clip gradients, or check the loss scale (fp16); or skip such "
+            "steps on every rank as torch.amp.GradScaler does: nonfinite='skip' "
+            "(repro train: nonfinite=skip)")
 
 
 @dataclass
@@ -82,10 +104,20 @@ class WorkerCompression:
         names: Optional[dict] = None,
         granularity: str = "default",
         local_clip: Optional[float] = None,
+        nonfinite: str = "error",
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside [0, world_size={world_size})")
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite={nonfinite!r}: choose one of {', '.join(NONFINITE)}")
+        # check_finite=False is the older spelling of nonfinite="off"
+        self.nonfinite = nonfinite if check_finite else "off"
         self.granularity = resolve_scope(compressor, granularity)
+        if self.nonfinite == "skip" and self.granularity == "bucket":
+            raise ValueError(
+                "nonfinite='skip' leaves the whole step undone, so no bucket may be exchanged "
+                "before all are known finite; granularity='bucket' exchanges each as it "
+                "arrives: use granularity='layer' or 'model', or nonfinite='error'")
         if local_clip is not None:
             if isinstance(local_clip, bool) or not isinstance(local_clip, (int, float)) or not (
                     local_clip > 0 and local_clip < float("inf")):
@@ -104,13 +136,17 @@ class WorkerCompression:
         self.world_size = world_size
         self.feedback = feedback
         self.seed = seed
-        self.check_finite = check_finite
+        # The agreement round (agree_finite) checks every gradient before anything is
+        # compressed; the Sessions then need no check of their own.
+        self.check_finite = False
         self.measure = measure
+        self.skipped = False  # whether the last step was skipped (nonfinite="skip")
+        self.skipped_steps = 0
         self.sessions: dict[str, Session] = {}
         # Tensors not worth compressing (too small, or DRAGONN's rule says no) go dense;
         # "none" without feedback is stateless, so one session serves every tensor.
         self.dense = Session(compressors.build("none"), rank, world_size,
-                             feedback="none", seed=seed, check_finite=check_finite)
+                             feedback="none", seed=seed, check_finite=False)
         self.selector = selector
         self.min_numel = min_numel
         self.enabled = True  # False: plain averaged allreduce (dense warm-up steps)
@@ -156,7 +192,8 @@ class WorkerCompression:
     def deferred(self) -> bool:
         """Whether an exchange needs the worker's whole gradient first (a "model" exchange,
         or local clipping): the DDP hook then holds the buckets until the last one."""
-        return self.granularity == "model" or self.local_clip is not None
+        return (self.granularity == "model" or self.local_clip is not None
+                or self.nonfinite == "skip")
 
     def step_job(self, named: list[tuple[str, torch.Tensor]], step: int,
                  buffers: Optional[list[torch.Tensor]] = None):
@@ -164,14 +201,13 @@ class WorkerCompression:
         model (the simulated trainer's worker, or the DDP hook once the last bucket has
         arrived; `buffers`: the DDP buckets they are views of). Clips locally first where
         local_clip is set, then compresses per granularity ("layer" or "model")."""
-        if self.local_clip is not None:
-            self.clip_locally([g for _, g in named])
-        if self.granularity == "model":
-            return self.model(named, step, buffers)
         if self.granularity == "bucket":
             raise ValueError("granularity='bucket' compresses each DDP bucket as it arrives "
                              "(whole); a worker's whole step has no buckets")
-        return self.layerwise(named, step, buffers=buffers)
+        clip = self.local_clip is not None
+        if self.granularity == "model":
+            return self.model(named, step, buffers, clip=clip)
+        return self.layerwise(named, step, buffers=buffers, clip=clip)
 
     def clip_locally(self, grads: list[torch.Tensor]) -> None:
         """DGC's local gradient clipping (Lin et al. 2018, Section 3.2), in place: this
@@ -187,35 +223,36 @@ class WorkerCompression:
 
     def layerwise(self, named: list[tuple[str, torch.Tensor]], step: int,
                   buffer: torch.Tensor | None = None,
-                  buffers: Optional[list[torch.Tensor]] = None):
+                  buffers: Optional[list[torch.Tensor]] = None, clip: bool = False):
         """(protocol, finish) for per-tensor compression of `named` gradients; the
         protocol returns outcomes, finish(outcomes) writes the averages back in place.
         `buffer` (or `buffers`): the flat tensor(s) the gradients are views of (DDP
         buckets); when given, finiteness is checked once on each, and per tensor only
-        if one fails (to name the tensor in the error)."""
+        if one fails (to name the tensor in the error). The protocol first agrees with
+        the other workers on finiteness (agree_finite); `clip`: then clips locally."""
         if buffer is not None:
             buffers = [buffer]
-        checked = (self.check_finite and bool(buffers)
-                   and all(all_finite(b) for b in buffers))
         gens, flags = [], []
         for name, g in named:
             if self.compress_tensor(g.numel()):
                 # The average is decoded straight into the gradient where the compressor
                 # can: no full-size buffer per step and no copy back in _finish.
                 gens.append(self.session_for(name).exchange(
-                    name, g, step, finite_checked=checked,
+                    name, g, step, finite_checked=True,
                     out=g if g.is_contiguous() else None))
                 flags.append(True)
             else:
                 gens.append(self.dense.exchange(name, g, step, writable=True,
-                                                finite_checked=checked))
+                                                finite_checked=True))
                 flags.append(False)
         targets = [g for _, g in named]
         names = [n for n, _ in named]
-        return multiplex(gens), lambda outcomes: self._finish(targets, outcomes, flags, names)
+        return (self._guarded(lambda: multiplex(gens), named, buffers, step, clip),
+                self._finisher(named, lambda outcomes: self._finish(targets, outcomes, flags,
+                                                                    names)))
 
     def model(self, named: list[tuple[str, torch.Tensor]], step: int,
-              buffers: Optional[list[torch.Tensor]] = None):
+              buffers: Optional[list[torch.Tensor]] = None, clip: bool = False):
         """(protocol, finish) compressing the worker's whole gradient as ONE tensor
         ("model" granularity): the gradients worth compressing are copied, in the model's
         parameter order, into one flat buffer kept between steps, exchanged once with
@@ -226,8 +263,14 @@ class WorkerCompression:
         if plan is None:
             plan = self._model_plans[key_names] = self._plan_model(named)
         groups, dense_at = plan
-        checked = (self.check_finite and bool(buffers)
-                   and all(all_finite(b) for b in buffers))
+        return (self._guarded(lambda: self._model_exchange(named, step, groups, dense_at),
+                              named, buffers, step, clip),
+                self._finisher(named, lambda result: result[1](result[0])))
+
+    def _model_exchange(self, named, step, groups, dense_at):
+        """The protocol of `model` once the workers agreed the gradients are finite (and
+        they were clipped): copies them into the flat buffers, exchanges, and returns
+        (outcomes, the finish that writes the averages back)."""
         gens, flags, names, finishers = [], [], [], []
         dense = list(dense_at)
         for key, positions, layout, total in groups:
@@ -242,9 +285,6 @@ class WorkerCompression:
                 flat = self._flat[key] = torch.empty(total, dtype=like.dtype, device=like.device)
             views = list(flat.split([s.numel for s in layout]))
             torch._foreach_copy_(views, [g.reshape(-1) for g in grads])
-            if self.check_finite and not checked and not all_finite(flat):
-                bad = next(s for s, v in zip(layout, views) if not all_finite(v))
-                raise nonfinite_error(bad.name, views[layout.index(bad)])
             gens.append(self.session_for(key).exchange(
                 key, flat, step, layout=layout, finite_checked=True, out=flat))
             flags.append(True)
@@ -253,7 +293,7 @@ class WorkerCompression:
         for i in sorted(dense):
             name, g = named[i]
             gens.append(self.dense.exchange(name, g, step, writable=True,
-                                            finite_checked=checked))
+                                            finite_checked=True))
             flags.append(False)
             names.append(name)
             finishers.append(None)
@@ -272,7 +312,58 @@ class WorkerCompression:
             if copies_to:
                 torch._foreach_copy_(copies_to, copies_from)
 
-        return multiplex(gens), finish
+        outcomes = yield from multiplex(gens)
+        return outcomes, finish
+
+    # -- finiteness, decided once for all workers ---------------------------------------
+
+    def _guarded(self, make_job, named, buffers, step: int, clip: bool):
+        """The protocol of one exchange: first the workers agree whether every gradient of
+        it is finite (agree_finite), then, if so, local clipping and the exchange itself
+        (make_job() builds it only then, so nothing is touched before the agreement)."""
+        if self.nonfinite != "off":
+            reports = yield from self.agree_finite(named, buffers)
+            if reports:
+                if self.nonfinite == "error":
+                    raise NonFiniteGradient(nonfinite_message(reports, named, step))
+                return SKIPPED
+        if clip:
+            self.clip_locally([g for _, g in named])
+        return (yield from make_job())
+
+    def agree_finite(self, named, buffers=None):
+        """One small collective in which every worker reports whether it holds a NaN or
+        an Inf in these gradients, and in which one (first by position); returns
+        [(rank, tensor position, 'NaN' | 'Inf')] for every worker that does, the same
+        list on every worker, so all take the same decision. `buffers` (the DDP buckets
+        the gradients are views of) are checked first, one native read each."""
+        position, kind = -1, 0
+        if not (buffers and all(all_finite(b) for b in buffers)):
+            for i, (_, g) in enumerate(named):
+                if not all_finite(g):
+                    position, kind = i, 1 if bool(torch.isnan(g).any()) else 2
+                    break
+        device = named[0][1].device if named else torch.device("cpu")
+        # Each worker fills its own row of a (workers × 2) table, zero elsewhere: one
+        # allreduce gives every worker the whole table.
+        table = torch.zeros(self.world_size, 2, dtype=torch.int64)
+        table[self.rank] = torch.tensor([position + 1, kind])
+        table = yield AllReduce(table.view(-1).to(device))
+        rows = table.view(self.world_size, 2).cpu().tolist()
+        return [(rank, p - 1, "NaN" if k == 1 else "Inf")
+                for rank, (p, k) in enumerate(rows) if p > 0]
+
+    def _finisher(self, named, finish):
+        """finish for a guarded protocol: a skipped step leaves every gradient zero (so a
+        loop that steps anyway applies no NaN) and flags the worker (`skipped`)."""
+        def run(result):
+            self.skipped = result is SKIPPED
+            if self.skipped:
+                self.skipped_steps += 1
+                torch._foreach_zero_([g for _, g in named])
+                return
+            finish(result)
+        return run
 
     def _plan_model(self, named):
         """For a list of named gradients (in arrival order): the "model" exchanges, one
@@ -303,12 +394,16 @@ class WorkerCompression:
         """(protocol, finish) for compressing a flat bucket as one tensor with a layout."""
         if self.compress_tensor(flat.numel()):
             key = self.bucket_key(layout)
-            gen = self.session_for(key).exchange(key, flat, step, layout=layout, out=flat)
+            gen = self.session_for(key).exchange(key, flat, step, layout=layout, out=flat,
+                                                 finite_checked=True)
             flags, names = [True], [key]
         else:
-            gen = self.dense.exchange("dense", flat, step, writable=True)
+            gen = self.dense.exchange("dense", flat, step, writable=True, finite_checked=True)
             flags, names = [False], ["dense"]
-        return multiplex([gen]), lambda outcomes: self._finish([flat], outcomes, flags, names)
+        named = [(s.name, flat[s.offset: s.offset + s.numel]) for s in layout]
+        return (self._guarded(lambda: multiplex([gen]), named, [flat], step, False),
+                self._finisher(named, lambda outcomes: self._finish([flat], outcomes, flags,
+                                                                    names)))
 
     def _finish(self, targets, outcomes, flags, names) -> None:
         for target, outcome, compressed, name in zip(targets, outcomes, flags, names):
@@ -417,17 +512,25 @@ class CompressionHookState(WorkerCompression):
         measure: bool = False,
         check_finite: bool = True,
         local_clip: Optional[float] = None,
+        nonfinite: str = "error",
     ):
         if not dist.is_initialized():
             raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
         names = {}
         if model is not None:
             names = {id(p): n.removeprefix("module.") for n, p in model.named_parameters()}
+        if selector is not None and dist.get_world_size(process_group) > 1:
+            # One decision for all ranks: rank 0's profile (each rank's own would put the
+            # size cut-off in a different place, and the ranks' collectives would differ).
+            box = [selector]
+            src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
+            dist.broadcast_object_list(box, src=src, group=process_group)
+            selector = box[0]
         super().__init__(
             compressor, dist.get_rank(process_group), dist.get_world_size(process_group),
             feedback=feedback, seed=seed, selector=selector, min_numel=min_numel,
             measure=measure, check_finite=check_finite, names=names,
-            granularity=granularity, local_clip=local_clip,
+            granularity=granularity, local_clip=local_clip, nonfinite=nonfinite,
         )
         self.process_group = process_group
         self.step = 0
@@ -448,13 +551,13 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
     buffer = bucket.buffer()
     step = state.step
     last = bucket.is_last()
-    if last:
-        state.step += 1
     params = bucket.parameters()
     grads = bucket.gradients()
-    if state.deferred:
+    if state.deferred:  # (the step advances once the exchange is done, unless skipped)
         return _hold(state, [(state.name_of(p), g) for p, g in zip(params, grads)], buffer,
                      step, last)
+    if last:
+        state.step += 1
     if state.granularity == "bucket":
         layout, offset = [], 0
         for p, g in zip(params, grads):
@@ -497,6 +600,8 @@ def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: 
             for _, _, h in held:
                 h.set_exception(exc)
             return
+        if not state.skipped:  # a skipped step is as if it never happened
+            state.step += 1
         for _, b, h in held:
             h.set_result(b)
 
@@ -516,6 +621,7 @@ def make(
     min_numel: int = 0,
     measure: bool = False,
     local_clip: Optional[float] = None,
+    nonfinite: str = "error",
     **params: Any,
 ) -> tuple[CompressionHookState, Callable]:
     """(state, hook) for `ddp_model.register_comm_hook(state, hook)`.
@@ -529,16 +635,71 @@ def make(
         "model" (the whole gradient as one exchange, after the last bucket).
     model: the DDP model, so state is keyed by parameter names (needed for checkpoints
         and for "model" granularity's layout in parameter order).
-    selector: DRAGONN's efficiency-aware selection (repro.costmodel.EfficiencySelector).
+    selector: DRAGONN's efficiency-aware selection (repro.costmodel.EfficiencySelector),
+        given on every rank: rank 0's is broadcast and used by all.
     min_numel: tensors smaller than this are allreduced densely (a static cut-off).
     local_clip: DGC's local gradient clipping: each rank clips its own gradient to this
         global norm times world_size^-1/2 before error feedback accumulates it (holds the
         buckets until the last one, as "model" does). None: off.
+    nonfinite: what every rank does when any rank's gradient holds a NaN or an Inf,
+        decided together in one small collective per exchange: "error" (every rank raises
+        NonFiniteGradient naming the step, the tensor and the rank), "skip" (every rank
+        skips the step as torch.amp.GradScaler does: error feedback untouched, gradients
+        zeroed, `state.skipped` True: do not step the optimizer; holds the buckets until
+        the last one) or "off" (no check).
     """
     compressor = compressors.build(name, **params)
     state = CompressionHookState(
         compressor, feedback=feedback, granularity=granularity, process_group=process_group,
         model=model, seed=seed, selector=selector, min_numel=min_numel, measure=measure,
-        local_clip=local_clip,
+        local_clip=local_clip, nonfinite=nonfinite,
     )
     return state, compression_hook
+
+
+def check_replicas(model: torch.nn.Module, process_group: Any = None,
+                   step: Optional[int] = None) -> None:
+    """Compare every parameter across ranks, bit for bit, and raise ReplicasDiffer on
+    every rank, naming the first parameter that differs and the ranks that differ from
+    rank 0, if any does. Each rank sends two 64-bit checksums per parameter (the sum of
+    its bits read as integers, and that sum weighted by position): exact integer sums,
+    the same whatever the order or the thread count."""
+    named = [(n.removeprefix("module."), p.detach()) for n, p in model.named_parameters()]
+    if not named:
+        return
+    sums = torch.stack([_fingerprint(p) for _, p in named])  # [params, 2] int64
+    world = dist.get_world_size(process_group)
+    device = named[0][1].device
+    local = sums.to(device)
+    every = [torch.empty_like(local) for _ in range(world)]
+    dist.all_gather(every, local, group=process_group)
+    table = torch.stack(every).cpu()  # [rank, params, 2]
+    differ = (table != table[0]).any(dim=2)  # [rank, params]
+    if not bool(differ.any()):
+        return
+    first = int(differ.any(dim=0).nonzero()[0])
+    ranks = differ[:, first].nonzero().flatten().tolist()
+    when = "" if step is None else f" after step {step}"
+    raise ReplicasDiffer(
+        f"replicas differ{when}: parameter {named[first][0]!r} on rank(s) "
+        f"{', '.join(map(str, ranks))} differs from rank 0's (the first of "
+        f"{int(differ.any(dim=0).sum())} differing parameters, in model order). Every rank "
+        "must apply the same update: a decode that depends on arrival order, a per-rank "
+        "decision, or a rank-local change to the model breaks that")
+
+
+class ReplicasDiffer(RuntimeError):
+    """The ranks' parameters are not bit-identical (check_replicas)."""
+
+
+_INT_VIEW = {torch.float32: torch.int32, torch.float64: torch.int64, torch.float16: torch.int16,
+             torch.bfloat16: torch.int16}
+
+
+def _fingerprint(p: torch.Tensor) -> torch.Tensor:
+    """(Σ bits, Σ bits·(position mod 65521 + 1)) of a tensor, as int64 (wrapping)."""
+    flat = p.reshape(-1)
+    view = _INT_VIEW.get(flat.dtype)
+    bits = flat.view(view).to(torch.int64) if view is not None else flat.to(torch.int64)
+    weights = torch.arange(bits.numel(), device=bits.device, dtype=torch.int64) % 65521 + 1
+    return torch.stack([bits.sum(), (bits * weights).sum()]).cpu()

@@ -13,9 +13,11 @@ Workers never compose configs: they read RUN_DIR/config.yaml written by the laun
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import random
+import threading
 import time
 from typing import Any
 
@@ -29,6 +31,15 @@ from repro.distributed import comm_clock
 from repro.hooks import CompressionHookState, StepRecord, WorkerCompression, compression_hook
 
 FAIL_ENV = "GRADCOMP_FAIL_AT_STEP"  # test hook: "STEP:RANK" kills that rank once
+NAN_ENV = "GRADCOMP_NAN_AT_STEP"  # test hook: "STEP:RANK" makes that rank's loss NaN once
+
+
+def poisoned(loss: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+    """The loss, or NaN where NAN_ENV names this step and rank (fault-injection tests)."""
+    spec = os.environ.get(NAN_ENV)
+    if spec and tuple(int(x) for x in spec.split(":")) == (step, rank):
+        return loss * float("nan")
+    return loss
 
 
 def ratio_at(cfg, step: int) -> float | None:
@@ -131,10 +142,7 @@ class Trainer:
     # -- pieces both modes use ---------------------------------------------------------
     def make_compression(self, rank: int, world: int, names: dict[int, str]) -> WorkerCompression:
         cfg = self.cfg
-        selector = None
-        if cfg.compressor.efficiency_aware:
-            profile = profile_compressor(self.compressor, sizes=(2**10, 2**14, 2**17), repeats=2)
-            selector = EfficiencySelector(self.network, profile, sent_fraction(self.compressor))
+        selector = self.selector()
         plan = self.plan
         feedback: Any = plan.feedback
         if feedback == "momentum":
@@ -143,10 +151,33 @@ class Trainer:
             feedback = MomentumCorrection(plan.correction_momentum, plan.correction_nesterov)
         kwargs = dict(feedback=feedback, seed=cfg.seed, selector=selector,
                       min_numel=cfg.compressor.min_numel, measure=True,
-                      granularity=plan.granularity, local_clip=plan.local_clip)
+                      granularity=plan.granularity, local_clip=plan.local_clip,
+                      nonfinite=cfg.nonfinite)
         if isinstance(self, DDPTrainer):
             return CompressionHookState(self.compressor, model=self.model_for_names, **kwargs)
         return WorkerCompression(self.compressor, rank, world, names=names, **kwargs)
+
+    def selector(self) -> EfficiencySelector | None:
+        """DRAGONN's efficiency-aware selection (Eq. 1), decided once for every worker: its
+        T_comp profiled once, at the run's number of workers (decoding grows with it),
+        on rank 0, and broadcast, so every rank and simulated worker compresses the same
+        tensors (a profile per rank would put the cut-off at a different size on each,
+        and ranks would issue mismatched collectives)."""
+        if not self.cfg.compressor.efficiency_aware:
+            return None
+        if getattr(self, "_selector", None) is None:
+            selector = None
+            if self.rank == 0:
+                profile = profile_compressor(self.compressor, sizes=(2**10, 2**14, 2**17),
+                                             repeats=2, workers=self.world_size)
+                selector = EfficiencySelector(self.network, profile,
+                                              sent_fraction(self.compressor))
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                box = [selector]
+                dist.broadcast_object_list(box, src=0)
+                selector = box[0]
+            self._selector = selector
+        return self._selector
 
     def apply_schedule(self, compressions: list[WorkerCompression]) -> None:
         r = ratio_at(self.cfg, self.step)
@@ -275,10 +306,15 @@ class Trainer:
             comm_clock.pop()
             t0 = time.perf_counter()
             loss, samples = self.exchange_step(batches)
-            self.clip()
-            self.optimizer.step()
-            if self.scheduler is not None:
-                self.scheduler.step()
+            # nonfinite=skip: every worker agreed to skip this step (GradScaler-style):
+            # no update, no schedule step, error feedback as it was.
+            skipped = getattr(self.compressions[0], "skipped", False)
+            if not skipped:
+                self.clip()
+                self.optimizer.step()
+                if self.scheduler is not None:
+                    self.scheduler.step()
+            self.after_update()
             step_s = time.perf_counter() - t0
             comm_s = comm_clock.pop()
             global_batch = samples * self.world_size
@@ -292,6 +328,8 @@ class Trainer:
             if logging_step:
                 metrics = self.step_metrics(loss, step_s, comm_s, global_batch, records,
                                             serial_compress_s)
+                if skipped:
+                    metrics["skipped"] = 1
             self.step += 1
             last = self.step == cfg.steps
             if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
@@ -327,6 +365,14 @@ class Trainer:
             with open(os.path.join(self.run_dir, "DONE"), "w") as f:
                 f.write(f"{self.step}\n")
         return summary
+
+    def after_update(self) -> None:
+        """Once the step's update is applied (real ranks: the replica check)."""
+
+    def compression_step(self) -> int:
+        """The step index the exchanges use (seeds, cyclic leaders): steps skipped for a
+        NaN/Inf do not count, so a skipped step is as if it never happened."""
+        return self.step - getattr(self.compressions[0], "skipped_steps", 0)
 
     def add_eval(self, metrics: dict[str, Any]) -> dict[str, Any]:
         result = self.evaluate() if self.is_main else {}
@@ -415,10 +461,17 @@ class DDPTrainer(Trainer):
         else:  # DDP's built-in allreduce: the baseline our hook's overhead is measured against
             self.compressions = [BuiltinAllreduce(self.model)]
 
+    def after_update(self) -> None:
+        every = self.cfg.cluster.replica_check_every
+        if every and (self.step + 1) % every == 0:
+            from repro.hooks import check_replicas
+
+            check_replicas(self.model, step=self.step)
+
     def exchange_step(self, batches) -> tuple[float, int]:
         batch = next(batches)
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.task.loss(self.ddp, batch)
+        loss = poisoned(self.task.loss(self.ddp, batch), self.step, self.rank)
         loss.backward()
         value = loss.detach().clone()
         dist.all_reduce(value)
@@ -500,7 +553,7 @@ class SimulatedTrainer(Trainer):
             if rank and self.buffers:  # DDP: every rank's forward starts from rank 0's buffers
                 torch._foreach_copy_(self.buffers, self.buffers_start)
             set_rng(self.worker_rng[rank])
-            loss = self.task.loss(self.model, batch)
+            loss = poisoned(self.task.loss(self.model, batch), self.step, rank)
             loss.backward()
             self.worker_rng[rank] = get_rng()
             if rank == 0 and self.buffers and len(group) > 1:
@@ -511,8 +564,9 @@ class SimulatedTrainer(Trainer):
             torch._foreach_copy_(self.buffers, self.buffers_rank0)
         set_rng(self.worker_rng[0])  # the process continues as rank 0 (evaluation)
         jobs, finishes = [], []
+        step = self.compression_step()
         for comp, named in zip(self.compressions, grads_per_worker):
-            job, finish = comp.step_job(named, self.step)
+            job, finish = comp.step_job(named, step)
             jobs.append(job)
             finishes.append(finish)
         outcomes = drive(jobs)
@@ -555,8 +609,10 @@ class SimulatedTrainer(Trainer):
 
 def init_distributed(cfg, rank: int | None = None, world_size: int | None = None,
                      init_method: str | None = None) -> tuple[int, int]:
-    """Join the process group: from torchrun's environment, or from spawn's arguments."""
+    """Join the process group: from torchrun's environment, or from spawn's arguments.
+    Collectives wait at most cluster.timeout_s for the other ranks."""
     backend = cfg.cluster.backend
+    timeout = datetime.timedelta(seconds=float(cfg.cluster.timeout_s))
     if rank is None:  # under torchrun
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -567,11 +623,13 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
             agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
                                   world_size, is_master=False)
             store = dist.PrefixStore(f"gradcomp/attempt_{restart}", agent)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timeout)
         else:
-            dist.init_process_group(backend)  # env://
+            dist.init_process_group(backend, timeout=timeout)  # env://
     else:
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
     if cfg.cluster.device.startswith("cuda"):
         local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
         torch.cuda.set_device(local)
@@ -579,16 +637,100 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
     return dist.get_rank(), dist.get_world_size()
 
 
+class RankStopped(RuntimeError):
+    """Another rank stopped answering: it died, hung past cluster.timeout_s, or failed."""
+
+
+class Heartbeat:
+    """Each rank writes the time into the process group's store every `period` seconds
+    from a daemon thread. When a collective fails, the ranks whose heartbeat stopped are
+    the ones that stopped answering: the error can name them (gloo's own says only
+    'Connection closed by peer', or times out)."""
+
+    def __init__(self, rank: int, world_size: int, period: float):
+        from torch.distributed import distributed_c10d
+
+        self.rank, self.world_size, self.period = rank, world_size, period
+        self.store = distributed_c10d._get_default_store()
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, name="gradcomp-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _key(self, rank: int) -> str:
+        return f"gradcomp/heartbeat/{rank}"
+
+    def _beat(self) -> None:
+        self.store.set(self._key(self.rank), repr(time.time()))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - the store went away: the run is ending
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def read(self) -> dict[int, str | None]:
+        out: dict[int, str | None] = {}
+        for r in range(self.world_size):
+            try:
+                out[r] = self.store.get(self._key(r)).decode()
+            except Exception:  # noqa: BLE001 - unreadable: the store's host is gone
+                out[r] = None
+        return out
+
+    def stopped(self) -> list[int]:
+        """The ranks whose heartbeat does not move over a few periods (this one aside)."""
+        first = self.read()
+        time.sleep(2.5 * self.period)
+        second = self.read()
+        return [r for r in range(self.world_size)
+                if r != self.rank and (second[r] is None or second[r] == first[r])]
+
+
 def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = None,
              init_method: str | None = None) -> dict[str, Any]:
-    """Entry point of one real rank (spawned or under torchrun)."""
+    """Entry point of one real rank (spawned or under torchrun). When a collective fails
+    because another rank died or hung (cluster.timeout_s), this rank stops with
+    RankStopped naming the rank(s) that stopped answering."""
     cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
     torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
     rank, world_size = init_distributed(cfg, rank, world_size, init_method)
+    heartbeat = None
+    if world_size > 1:
+        try:
+            heartbeat = Heartbeat(rank, world_size, min(2.0, cfg.cluster.timeout_s / 10))
+        except Exception:  # noqa: BLE001 - no store to write to: no names in the error
+            heartbeat = None
+    trainer = None
     try:
-        return DDPTrainer(run_dir, rank, world_size).run()
+        trainer = DDPTrainer(run_dir, rank, world_size)
+        return trainer.run()
+    except (RuntimeError, dist.DistError) as exc:
+        if (heartbeat is None or isinstance(exc, (RankStopped, FloatingPointError))
+                or "FloatingPointError" in str(exc) or "ReplicasDiffer" in str(exc)):
+            raise  # every rank raises these itself: nobody stopped answering
+        gone = heartbeat.stopped()
+        if not gone:
+            raise
+        step = "?" if trainer is None else trainer.step
+        raise RankStopped(
+            f"rank {rank}: a collective failed at step {step} because rank(s) "
+            f"{', '.join(map(str, gone))} stopped answering (no heartbeat for "
+            f"{2.5 * heartbeat.period:.0f} s; collectives wait at most cluster.timeout_s="
+            f"{cfg.cluster.timeout_s:g} s). The failure: {str(exc).strip().splitlines()[0]}"
+        ) from exc
     finally:
-        dist.destroy_process_group()
+        if heartbeat is not None:
+            heartbeat.stop()
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - a broken group cannot always be torn down
+            pass
 
 
 def run_simulated(run_dir: str) -> dict[str, Any]:

@@ -354,3 +354,30 @@ def test_deft_is_charged_its_pattern_not_one_allgather():
     assert comm == pytest.approx(pattern, rel=1e-12)
     one_allgather = net.allgather_s(o.bytes_sent)
     assert comm < 0.5 * one_allgather
+
+
+# -- NaN/Inf in training: one decision for every worker ---------------------------------------
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+def test_trainer_nonfinite_policy(tmp_path, monkeypatch, policy):
+    """A NaN in simulated worker 1's loss at step 2 of 4: with nonfinite=error the run
+    stops naming the step, the tensor and the worker; with skip the step is logged as
+    skipped, its update not applied, and the run goes on."""
+    from repro import launch
+    from repro.hooks import NonFiniteGradient
+    from repro.logging import read_metrics
+
+    monkeypatch.setenv("GRADCOMP_NAN_AT_STEP", "2:1")
+    overrides = ["compressor=topk", "compressor.ratio=0.05", "cluster=simulated",
+                 "cluster.workers=3", "steps=4", "eval_every=0", "eval_batches=1",
+                 "logger=local", "logger.progress=false", f"runs_root={tmp_path}",
+                 f"nonfinite={policy}"]
+    if policy == "error":
+        with pytest.raises(NonFiniteGradient, match=r"step 2: gradient '.*' contains NaN on "
+                                                    r"rank 1.*nonfinite=skip"):
+            launch.train(overrides, out=lambda s: None)
+        return
+    (run_dir,) = launch.train(overrides, out=lambda s: None)
+    lines = read_metrics(run_dir)
+    assert [line.get("skipped", 0) for line in lines] == [0, 0, 1, 0]
+    assert all(math.isfinite(line["loss"]) for i, line in enumerate(lines) if i != 2)
