@@ -4,6 +4,10 @@
     tasks.list_tasks("cifar10_*")          # ['cifar10_mixer', 'cifar10_resnet18', ...]
     task = tasks.build_task("cifar10_resnet20", size="smoke", data="standin")
     model = task.build_model()
+    tasks.build_task("cifar10_resnet18", size="paper", hparams={"momentum": 0.5}).hparams
+
+Hyper-parameters come from conf/task/<name>.yaml (the file `repro train task=<name>`
+composes); `hparams=` overrides some for this size, checked as on the command line.
 
 Importing this package imports neither torchvision nor transformers: the task modules
 import them inside the functions that need them.
@@ -51,8 +55,9 @@ def get_task_class(name: str) -> type[Task]:
 
 
 def build_task(name: str, **kwargs: Any) -> Task:
-    """Instantiate a registered task: size, data, data_root, batch_size, seed (and any
-    task-specific keyword its class documents)."""
+    """Instantiate a registered task: size, data, data_root, batch_size, seed, hparams
+    (overrides of the task file's values for this size) and any task-specific keyword its
+    class documents."""
     return get_task_class(name)(**kwargs)
 
 

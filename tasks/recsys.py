@@ -9,6 +9,8 @@ items, binary cross-entropy.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -16,6 +18,7 @@ from torch import nn
 
 from tasks import data as D
 from tasks.base import Task, model_device, register_task
+from tasks.hyperparams import HParam, count, sequence_of
 
 
 class NeuMF(nn.Module):
@@ -108,13 +111,21 @@ class Interactions:
 class MovieLensNCF(Task):
     """NCF (NeuMF) recommendation on MovieLens-20M, HR@10 (DEFT).
 
-    DEFT Table 2 and Section 5.1: 64 factors, MLP 256-256-128-64,
-    Adam lr 0.0045, per-worker batch 2^16 (the authors' 2^20 global on 16 GPUs), 30 epochs,
-    best HR@10. Adam betas (0.25, 0.5) are those of the NVIDIA/MLPerf NCF recipe whose lr
-    and batch DEFT's NCF benchmark uses. Stand-in: MovieLens-100K (RecBole's copy)."""
+    DEFT reports the best HR@10. Hyper-parameters (DEFT Table 2 and Section 5.1, Adam's
+    betas from the NVIDIA/MLPerf NCF recipe): conf/task/movielens_ncf.yaml. Stand-in:
+    MovieLens-100K (RecBole's copy)."""
 
     metric = "hr@10"
     paper = "DEFT (Yoon & Oh, ICPP 2023), Table 2: NCF / MovieLens-20M"
+    extra_hparams: ClassVar[dict[str, HParam]] = {
+        "factors": count(required=True),  # embedding width of both branches
+        # widths of the MLP tower; the first splits evenly into user and item embeddings
+        "layers": HParam(
+            lambda v: sequence_of(count()).check(v) and len(v) > 0 and v[0] % 2 == 0,
+            "a non-empty list of integers >= 1, the first even",
+            required=True,
+        ),
+    }
     paper_param_count = None  # DEFT gives none; ML-20M (138,493 users, 26,744 items): 31,832,577
 
     def __init__(
@@ -126,8 +137,9 @@ class MovieLensNCF(Task):
         seed=0,
         eval_negatives: int = 99,
         train_negatives: int = 4,
+        hparams=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed)
+        super().__init__(size, data, data_root, batch_size, seed, hparams)
         if eval_negatives < 1 or train_negatives < 1:
             raise ValueError(
                 f"eval_negatives={eval_negatives} and train_negatives={train_negatives} "
@@ -149,39 +161,6 @@ class MovieLensNCF(Task):
         ratings = D.read_ratings(self._path) if self._path else D.recbole_ml100k()
         key = ("interactions", str(self._path), self.eval_negatives)
         return D.memo(key, lambda: Interactions(ratings, self.eval_negatives))
-
-    def default_hparams(self, size):
-        if size == "paper":
-            return dict(
-                optimizer="adam",
-                lr=0.0045,
-                betas=(0.25, 0.5),
-                eps=1e-8,
-                weight_decay=0.0,
-                batch_size=2**16,
-                epochs=30,
-                clip=None,
-                warmup_epochs=0,
-                lr_schedule="constant",
-                factors=64,
-                layers=(256, 256, 128, 64),
-                eval_batch_size=1024,
-            )
-        return dict(
-            optimizer="adam",
-            lr=0.005,
-            betas=(0.9, 0.999),
-            eps=1e-8,
-            weight_decay=0.0,
-            batch_size=256,
-            epochs=1,
-            clip=None,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            factors=8,
-            layers=(16, 16, 8),
-            eval_batch_size=256,
-        )
 
     def paper_target(self):
         # DEFT reports the best HR@10 reached, no target. 0.95 is our choice for the

@@ -30,7 +30,7 @@ import collections
 import os
 import re
 import string
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from tasks import data as D
 from tasks.base import Task, model_device, register_task
+from tasks.hyperparams import HParam, count
 
 HUB_FETCH = (
     'python -c "from transformers import AutoModel, AutoTokenizer; '
@@ -71,8 +72,9 @@ class _HFTask(Task):
         batch_size=None,
         seed=0,
         model_path: str | None = None,
+        hparams=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed)
+        super().__init__(size, data, data_root, batch_size, seed, hparams)
         self.model_path = model_path
         if model_path is not None and not os.path.isdir(model_path):
             raise FileNotFoundError(f"model_path={model_path!r} is not a directory")
@@ -182,6 +184,8 @@ def _cut(n: int, split: str) -> int:
 
 class _SST2Task(_HFTask):
     metric = "accuracy"
+    # tokens per sequence: longer ones are cut, shorter ones padded
+    extra_hparams: ClassVar[dict[str, HParam]] = {"max_seq_length": count(required=True)}
 
     def __init__(
         self,
@@ -191,8 +195,9 @@ class _SST2Task(_HFTask):
         batch_size=None,
         seed=0,
         model_path: str | None = None,
+        hparams=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, model_path)
+        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams)
         if data == "canonical":
             self._files = tuple(self._find(data_root, f) for f in ("train.tsv", "dev.tsv"))
             source = "GLUE SST-2 (train.tsv; evaluated on dev.tsv)"
@@ -285,46 +290,13 @@ class _SST2Task(_HFTask):
 class RobertaSST2(_SST2Task):
     """RoBERTa-base fine-tuned on GLUE SST-2 (THC).
 
-    THC Section 7: batch 32 per worker, target 95% accuracy. THC gives no optimiser
-    settings; we use RoBERTa's GLUE recipe (Liu et al. 2019, Appendix C): AdamW lr 2e-5,
-    betas (0.9, 0.98), eps 1e-6, weight decay 0.1, 6% linear warm-up then linear decay,
-    10 epochs; sequences cut at 64 tokens."""
+    THC Section 7: target 95% accuracy. Hyper-parameters (THC's batch, RoBERTa's GLUE
+    recipe for the optimiser): conf/task/roberta_sst2.yaml."""
 
     hub_name = "roberta-base"
     model_class = "RobertaForSequenceClassification"
     paper = "THC (Li et al., 2024), Section 7: RoBERTa-base / SST-2"
     paper_param_count = None  # THC gives none; roberta-base + 2-way head: 124,647,170
-
-    def default_hparams(self, size):
-        if size == "paper":
-            return dict(
-                optimizer="adamw",
-                lr=2e-5,
-                betas=(0.9, 0.98),
-                eps=1e-6,
-                weight_decay=0.1,
-                batch_size=32,
-                epochs=10,
-                warmup_epochs=0.6,
-                lr_schedule="linear",
-                clip=None,
-                max_seq_length=64,
-                eval_batch_size=128,
-            )
-        return dict(
-            optimizer="adamw",
-            lr=3e-3,
-            betas=(0.9, 0.98),
-            eps=1e-6,
-            weight_decay=0.0,
-            batch_size=8,
-            epochs=1,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            clip=None,
-            max_seq_length=32,
-            eval_batch_size=128,
-        )
 
     def paper_target(self):
         return 0.95  # THC Section 7: "RoBERTa-base ... achieves the 95% target accuracy"
@@ -370,42 +342,14 @@ class RobertaSST2(_SST2Task):
 class GPT2SST2(_SST2Task):
     """GPT-2 (124M) fine-tuned on GLUE SST-2 (THC).
 
-    THC Section 7: batch 32 per worker; THC reports throughput only, so the optimiser
-    settings are the usual GPT-2 fine-tuning ones: AdamW lr 2e-5, weight decay 0.01, 6%
-    warm-up then linear decay, 3 epochs, gradient clipping 1.0."""
+    THC reports throughput only. Hyper-parameters (THC Section 7's batch, the usual GPT-2
+    fine-tuning settings for the optimiser): conf/task/gpt2_sst2.yaml."""
 
     hub_name = "gpt2"
     model_class = "GPT2ForSequenceClassification"
     standin_pretrained = False
     paper = "THC (Li et al., 2024), Section 7: GPT-2 / SST-2"
     paper_param_count = None  # THC gives none; gpt2 + 2-way score head: 124,441,344
-
-    def default_hparams(self, size):
-        if size == "paper":
-            return dict(
-                optimizer="adamw",
-                lr=2e-5,
-                weight_decay=0.01,
-                batch_size=32,
-                epochs=3,
-                warmup_epochs=0.18,
-                lr_schedule="linear",
-                clip=1.0,
-                max_seq_length=64,
-                eval_batch_size=128,
-            )
-        return dict(
-            optimizer="adamw",
-            lr=1e-3,
-            weight_decay=0.0,
-            batch_size=8,
-            epochs=1,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            clip=None,
-            max_seq_length=32,
-            eval_batch_size=128,
-        )
 
     def paper_target(self):
         # THC states no GPT-2 accuracy target; 0.90 is our choice (fine-tuned GPT-2 small
@@ -523,15 +467,19 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, valid: torch.Tensor, max_
 class BertSQuAD(_HFTask):
     """BERT-base fine-tuned on SQuAD 1.1, F1 (DRAGONN Appendix D).
 
-    DRAGONN: "the batch size is 1024 tokens": 4 sequences of 256 tokens (document stride
-    64) per worker. DRAGONN gives no optimiser; we use the Hugging Face run_qa recipe for
-    bert-base-uncased: AdamW lr 3e-5, weight decay 0.01, 10% warm-up then linear decay,
-    2 epochs. Metric: SQuAD v1.1 F1 (exact match reported beside it)."""
+    Hyper-parameters (DRAGONN's batch of 1024 tokens, the Hugging Face run_qa recipe for
+    the optimiser): conf/task/bert_squad.yaml. Metric: SQuAD v1.1 F1 (exact match
+    reported beside it)."""
 
     hub_name = "bert-base-uncased"
     model_class = "BertForQuestionAnswering"
     metric = "f1"
     paper = "DRAGONN (Wang et al., 2022), Appendix D: BERT-base / SQuAD 1.1"
+    extra_hparams: ClassVar[dict[str, HParam]] = {
+        "max_seq_length": count(required=True),  # tokens per window
+        "doc_stride": count(required=True),  # tokens consecutive windows share
+        "max_answer_tokens": count(required=True),  # longest answer span predicted
+    }
     paper_param_count = None  # DRAGONN gives none; bert-base-uncased QA (no pooler): 108,893,186
 
     def __init__(
@@ -542,8 +490,9 @@ class BertSQuAD(_HFTask):
         batch_size=None,
         seed=0,
         model_path: str | None = None,
+        hparams=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, model_path)
+        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams)
         if data == "canonical":
             self._files = tuple(
                 self._find(data_root, f) for f in ("train-v1.1.json", "dev-v1.1.json")
@@ -560,37 +509,6 @@ class BertSQuAD(_HFTask):
             if os.path.exists(p):
                 return p
         raise D.missing_canonical(f"SQuAD {name}", root, D.SQUAD_FETCH)
-
-    def default_hparams(self, size):
-        if size == "paper":
-            return dict(
-                optimizer="adamw",
-                lr=3e-5,
-                weight_decay=0.01,
-                batch_size=4,
-                epochs=2,
-                warmup_epochs=0.2,
-                lr_schedule="linear",
-                clip=1.0,
-                max_seq_length=256,
-                doc_stride=64,
-                max_answer_tokens=30,
-                eval_batch_size=32,
-            )
-        return dict(
-            optimizer="adamw",
-            lr=1e-3,
-            weight_decay=0.0,
-            batch_size=8,
-            epochs=1,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            clip=None,
-            max_seq_length=192,
-            doc_stride=64,
-            max_answer_tokens=30,
-            eval_batch_size=64,
-        )
 
     def paper_target(self):
         # DRAGONN plots the loss without a target; 0.885 is BERT-base's SQuAD 1.1 dev F1

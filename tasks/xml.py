@@ -18,6 +18,8 @@ are held out for evaluation.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -25,6 +27,7 @@ from torch import nn
 
 from tasks import data as D
 from tasks.base import Task, model_device, register_task
+from tasks.hyperparams import HParam, count
 
 
 def movielens_next_items(
@@ -91,15 +94,19 @@ class Wiki10XML(Task):
     """One bias-free 4096 × 30938 linear layer on Wiki10-31K, P@1 (DRAGONN's XML).
 
     DRAGONN Section 5.1: Wiki10-31K (14,146 train / 6,616 test points), inputs
-    embedded to 4096, one bias-free Linear(4096, 30938) (126.72M parameters), batch 256,
-    lr 0.001 (Adam, the optimiser DRAGONN names for its other workloads), metric P@1."""
+    embedded to 4096, one bias-free Linear(4096, 30938) (126.72M parameters), metric P@1.
+    Hyper-parameters: conf/task/wiki10_xml.yaml."""
 
     metric = "p@1"
     paper = "DRAGONN (Wang et al., 2022), Section 5.1: XML / Wiki10-31K"
+    # the width the sparse inputs are hashed to: the layer's input features
+    extra_hparams: ClassVar[dict[str, HParam]] = {"embed_dim": count(required=True)}
     paper_param_count = 126_722_048  # 4096 × 30938: DRAGONN's "126.72M"
 
-    def __init__(self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0):
-        super().__init__(size, data, data_root, batch_size, seed)
+    def __init__(
+        self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0, hparams=None
+    ):
+        super().__init__(size, data, data_root, batch_size, seed, hparams)
         if data == "canonical":
             self._paths = (
                 D.find_xml_split(data_root, "train"),
@@ -125,34 +132,6 @@ class Wiki10XML(Task):
         return D.memo(
             ("hasher", nf, self.hparams["embed_dim"]),
             lambda: FeatureHasher(nf, self.hparams["embed_dim"]),
-        )
-
-    def default_hparams(self, size):
-        if size == "paper":
-            # DRAGONN: batch 256, lr 0.001; the epoch count is our choice.
-            return dict(
-                optimizer="adam",
-                lr=1e-3,
-                weight_decay=0.0,
-                batch_size=256,
-                epochs=20,
-                clip=None,
-                warmup_epochs=0,
-                lr_schedule="constant",
-                embed_dim=4096,
-                eval_batch_size=512,
-            )
-        return dict(
-            optimizer="adam",
-            lr=1e-2,
-            weight_decay=0.0,
-            batch_size=64,
-            epochs=1,
-            clip=None,
-            warmup_epochs=0,
-            lr_schedule="constant",
-            embed_dim=256,
-            eval_batch_size=512,
         )
 
     def paper_target(self):
