@@ -1,6 +1,6 @@
 """Side-by-side comparison of finished (or running) training runs (`repro compare`).
 
-Reads each run directory's config.yaml, metrics.jsonl and summary.json (see
+Reads each run directory with repro.runs (config.yaml, metrics.jsonl, summary.json; see
 repro/logging.py for the layout), prints one table row per run and writes PNG plots plus a
 static index.html to an output folder.
 
@@ -27,167 +27,32 @@ from __future__ import annotations
 
 import csv
 import html
-import math
 import os
 import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from repro.logging import CONFIG_FILE, DONE_FILE, METRICS_FILE, read_metrics, read_summary
+from repro.runs import Run, fmt, load_runs
 
-LOWER_IS_BETTER = ("perplexity", "loss", "error", "wer", "cer", "mse", "nmse")
 X_LABELS = {"step": "step", "time": "wall time (s)"}
-
-
-@dataclass
-class Run:
-    path: str
-    name: str
-    config: dict[str, Any]
-    metrics: list[dict[str, Any]]
-    summary: dict[str, Any] | None
-    done: bool
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def cfg(self, dotted: str, default: Any = None) -> Any:
-        node: Any = self.config
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
-
-    @property
-    def compressor(self) -> str:
-        return str(self.cfg("compressor.name", "?"))
-
-    @property
-    def task(self) -> str:
-        return str(self.cfg("task.name", "?"))
-
-    @property
-    def data_source(self) -> str | None:
-        src = self.cfg("task.data_source")
-        if src is None and self.summary:
-            src = self.summary.get("data_source")
-        if src is None:
-            src = self.cfg("task.data")
-        return None if src is None else str(src)
-
-    @property
-    def metric(self) -> str | None:
-        m = self.cfg("task.metric")
-        if m is None and self.summary:
-            m = self.summary.get("metric")
-        if m is None:  # fall back to the single eval key that is not the loss
-            keys = sorted({k[5:] for r in self.metrics for k in r if k.startswith("eval/")} - {"loss"})
-            m = keys[0] if len(keys) == 1 else None
-        return None if m is None else str(m)
-
-    @property
-    def higher_is_better(self) -> bool:
-        if self.summary and isinstance(self.summary.get("higher_is_better"), bool):
-            return self.summary["higher_is_better"]
-        hib = self.cfg("task.higher_is_better")
-        if isinstance(hib, bool):
-            return hib
-        name = (self.metric or "").lower()
-        return not any(word in name for word in LOWER_IS_BETTER)
-
-    @property
-    def target(self) -> float | None:
-        t = self.summary.get("target") if self.summary else None
-        if t is None:
-            t = self.cfg("task.target")
-        return t if isinstance(t, (int, float)) and not isinstance(t, bool) else None
-
-    def series(self, key: str, x: str = "step") -> tuple[list[float], list[float]]:
-        """(x, y) of the lines that carry a non-null `key`; x is "step" or "time"."""
-        xkey = "step" if x == "step" else "wall_time"
-        xs, ys = [], []
-        for r in self.metrics:
-            v = r.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                xs.append(float(r.get(xkey, math.nan)))
-                ys.append(float(v))
-        return xs, ys
-
-    def mean(self, key: str) -> float | None:
-        _, ys = self.series(key)
-        return sum(ys) / len(ys) if ys else None
-
-    def last(self, key: str) -> float | None:
-        _, ys = self.series(key)
-        return ys[-1] if ys else None
-
-
-def load_run(path: str) -> Run:
-    """A run directory, or a FileNotFoundError naming the path and the missing file."""
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path} is not a run directory: no such directory")
-    for required in (CONFIG_FILE, METRICS_FILE):
-        if not os.path.isfile(os.path.join(path, required)):
-            hint = ""
-            if any(os.path.isfile(os.path.join(path, d, CONFIG_FILE)) for d in safe_listdir(path)):
-                hint = f" (it holds run directories: pass them, e.g. {os.path.join(path, '*')})"
-            raise FileNotFoundError(f"{path} is not a run directory: {required} is missing{hint}")
-    import yaml
-
-    with open(os.path.join(path, CONFIG_FILE), encoding="utf-8") as f:
-        try:
-            config = yaml.safe_load(f) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{os.path.join(path, CONFIG_FILE)} is not valid YAML: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{os.path.join(path, CONFIG_FILE)} does not hold a config mapping")
-    summary = read_summary(path)
-    name = config.get("name") or os.path.basename(os.path.normpath(path))
-    return Run(path=path, name=str(name), config=config, metrics=read_metrics(path), summary=summary,
-               done=os.path.exists(os.path.join(path, DONE_FILE)))
-
-
-def safe_listdir(path: str) -> list[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
-def load_runs(paths: Sequence[str]) -> list[Run]:
-    if not paths:
-        raise ValueError("give at least one run directory, e.g. repro compare runs/default/*")
-    runs = [load_run(p) for p in paths]
-    # Same run name in two sweeps: tell them apart by the parent folder.
-    names = [r.name for r in runs]
-    for r in runs:
-        if names.count(r.name) > 1:
-            parent = os.path.basename(os.path.dirname(os.path.normpath(os.path.abspath(r.path))))
-            r.name = f"{parent}/{r.name}"
-    return runs
 
 
 # -- the table ---------------------------------------------------------------------------
 def best_and_target(run: Run) -> tuple[float | None, float | None, str]:
     """(best value of the quality metric, time to target in s, status of the target)."""
-    metric = run.metric
-    if metric is None:
+    if run.metric is None:
         return None, None, "no metric"
-    key = f"eval/{metric}"
-    _, values = run.series(key)
-    if run.summary and isinstance(run.summary.get(key), (int, float)):
-        values = values + [float(run.summary[key])]
-    best = (max(values) if run.higher_is_better else min(values)) if values else None
+    best = run.best()
     target = run.target
     if run.summary and isinstance(run.summary.get("time_to_target_s"), (int, float)):
         return best, float(run.summary["time_to_target_s"]), "reached"
     if target is None:
         return best, None, "no target"
-    times, vals = run.series(key, "time")
-    for t, v in zip(times, vals):
-        if (v >= target) if run.higher_is_better else (v <= target):
+    for t, v in zip(*run.series(run.eval_key, "time")):
+        if run.reaches(v, target):
             return best, t, "reached"
     return best, None, "not reached" if run.done else "not yet"
 
@@ -241,20 +106,6 @@ class ByteCount:
                 return f"{v:.0f} {unit}" if unit == "B" else f"{v:.2f} {unit}"
             v /= 1024
         return f"{v:.2f} GiB"
-
-
-def fmt(value: Any) -> str:
-    if value is None:
-        return "—"
-    if isinstance(value, bool):
-        return str(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
-        return f"{value:.4g}"
-    return str(value)
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

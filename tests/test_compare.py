@@ -11,6 +11,7 @@ import yaml
 from repro import compare as cmp
 from repro.cli import main
 from repro.logging import MetricsWriter, read_metrics
+from repro.runs import fmt, load_runs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 12
@@ -91,7 +92,7 @@ def test_compare_prints_table_and_writes_plots_and_html(runs, tmp_path, capsys):
     for value in (final_loss_a, best_a, first_hit, mean(a, "samples_per_s"),
                   mean(a, "projected/samples_per_s"), mean(a, "estimation_quality"),
                   mean(a, "compress_s") * 1e3, mean(a, "comm_s") * 1e3):
-        assert cmp.fmt(value) in row_a.split(), (value, row_a)
+        assert fmt(value) in row_a.split(), (value, row_a)
     assert "1006 B" in row_a  # mean bytes sent per worker per step: 1000 + mean(0..11) = 1005.5
     assert "1.04 MiB" in row_b  # dense fp32 of 272474 elements
     assert "not yet" in row_b  # no DONE marker, target 0.5 not reached
@@ -118,7 +119,7 @@ def test_time_to_target_prefers_summary_and_reports_not_reached(tmp_path):
     root = str(tmp_path)
     hit = make_run(root, "hit", "topk", 0.01, sparse=True, speed=1.0, acc_gain=0.05, summary_ttt=True)
     miss = make_run(root, "miss", "topk", 0.01, sparse=True, speed=1.0, acc_gain=0.01, summary_ttt=False)
-    r_hit, r_miss = cmp.load_runs([hit, miss])
+    r_hit, r_miss = load_runs([hit, miss])
     best, ttt, status = cmp.best_and_target(r_hit)
     assert (ttt, status) == (123.0, "reached")
     best, ttt, status = cmp.best_and_target(r_miss)
@@ -136,7 +137,7 @@ def test_lower_is_better_metric_picks_the_minimum(tmp_path):
     with MetricsWriter(run) as w:
         for s, ppl in enumerate([400.0, 180.0, 140.0, 160.0]):
             w.log(s, **{"loss": 5.0, "eval/perplexity": ppl})
-    (r,) = cmp.load_runs([run])
+    (r,) = load_runs([run])
     best, ttt, status = cmp.best_and_target(r)
     assert best == 140.0 and status == "reached"
     assert ttt == read_metrics(run)[2]["wall_time"]

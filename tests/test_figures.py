@@ -4,8 +4,10 @@ it must run, write a PNG, a data CSV and a comparison whose verdicts are compute
 
 from __future__ import annotations
 
+import ast
 import csv
 import json
+from pathlib import Path
 
 import pytest
 
@@ -87,3 +89,53 @@ def test_results_readme_lists_every_figure_with_status(tmp_path):
     for fid in IDS:
         assert f"[{fid}]" in text
     assert "not run" in text or not IDS
+
+
+def _figure_package_imports(path: Path) -> set[str]:
+    """The modules of repro.figures that a source file imports, anywhere in it (module
+    level or inside functions), in any spelling: `import repro.figures.x`, `from
+    repro.figures.x import ...`, `from repro.figures import x`, `from .x import ...`,
+    `from . import x`."""
+    package = "repro.figures"
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith(package + "."):
+                    found.add(alias.name.split(".")[2])
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: resolved against repro.figures
+                module = package + ("." + module if module else "")
+            if module == package:
+                found.update(alias.name for alias in node.names)
+            elif module.startswith(package + "."):
+                found.add(module.split(".")[2])
+    return found
+
+
+def test_no_figure_module_imports_another():
+    """Figure modules share helpers only through base.py and common.py: a figure module
+    that imports another would tie one paper's figures to another's."""
+    folder = Path(figures.__file__).parent
+    modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
+    paper_modules = set(modules) - set(figures.SHARED_MODULES)
+    assert {"sidco", "dragonn", "deft", "thc"} <= paper_modules
+    for name, path in sorted(modules.items()):
+        imported = _figure_package_imports(path) - {name}
+        wrong = imported & paper_modules
+        assert not wrong, f"repro/figures/{path.name} imports figure module(s) {sorted(wrong)}"
+        assert imported <= set(figures.SHARED_MODULES), (name, imported)
+
+
+def test_the_import_walk_sees_every_spelling(tmp_path):
+    source = tmp_path / "probe.py"
+    source.write_text(
+        "import repro.figures.deft\n"
+        "from repro.figures.thc import x\n"
+        "from repro.figures import sidco, base\n"
+        "def f():\n"
+        "    from .dragonn import y\n"
+        "    from . import common\n")
+    assert _figure_package_imports(source) == {"deft", "thc", "sidco", "base", "dragonn",
+                                               "common"}

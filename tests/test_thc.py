@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from contextlib import redirect_stdout
 
 import numpy as np
@@ -480,3 +481,204 @@ def test_gloo_ranks_match_simulated_workers():
                 assert torch.equal(agg, sim[r].aggregate), (name, params, step, r)
                 assert torch.equal(sent, sim[r].sent.dense(3000)), (name, params, step, r)
                 assert nbytes == sim[r].bytes_sent
+
+
+# ------------------------------------------------- replica trainer (cluster.mode=replicas)
+
+# THC Fig. 9's lossy software PS on a small ResNet (BatchNorm buffers) with 3 workers.
+REPLICA_RUN = [
+    "task=cifar10_resnet20", "task.batch_size=4", "steps=4", "eval_every=0", "eval_batches=1",
+    "cluster=simulated", "cluster.workers=3", "cluster.threads_per_worker=1", "logger=local",
+    "logger.progress=false", "compressor=thc", "compressor.params.granularity=20",
+    "compressor.params.p=0.001953125", "compressor.params.bits=4",
+    "compressor.params.aggregation=ps", "compressor.params.loss_rate=0.05",
+    "compressor.params.loss_direction=both",
+]
+# Per-step training loss and final accuracy of REPLICA_RUN, recorded from the replica
+# trainer THC Fig. 9 runs (torch 2.14.1, CPU, one thread): synchronising every step and
+# never part ways from step 1 on, as the replicas entering that step differ.
+RECORDED_REPLICA_RUNS = {
+    0: ([2.167506774266561, 2.194551626841227, 2.307929436365763, 2.6922336419423423], 0.085),
+    1: ([2.167506774266561, 2.192802667617798, 2.308328628540039, 2.684003750483195], 0.08),
+}
+
+
+@pytest.fixture
+def one_thread():
+    """Replica runs on one thread, as recorded: conv reductions depend on the count."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _replica_trainer(root, *overrides: str, trainer=None):
+    """A replica run planned and configured as `repro train` does, and its trainer."""
+    from repro.train import ReplicaTrainer
+
+    return (trainer or ReplicaTrainer)(_prepared(root, "cluster.mode=replicas", *overrides))
+
+
+def _prepared(root, *overrides: str) -> str:
+    """Compose, validate and save one run's config as `repro train` does; its directory."""
+    from repro import config as config_mod
+    from repro import launch
+
+    planned = launch.plan([*REPLICA_RUN, *overrides, f"runs_root={root}"], multirun=False)[0]
+    os.makedirs(planned.run_dir, exist_ok=True)
+    config_mod.save(planned.cfg, os.path.join(planned.run_dir, "config.yaml"))
+    return planned.run_dir
+
+
+def _floating_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items() if v.is_floating_point()}
+
+
+def _spying_trainer():
+    from repro.train import ReplicaTrainer
+
+    class Spy(ReplicaTrainer):
+        """Records the step and every replica's state before and after each averaging."""
+
+        def setup_optim(self) -> None:
+            super().setup_optim()
+            self.syncs: list = []
+
+        def synchronise(self) -> None:
+            before = [_floating_state(m) for m in self.replicas]
+            super().synchronise()
+            self.syncs.append((self.step, before, [_floating_state(m) for m in self.replicas]))
+
+    return Spy
+
+
+@pytest.mark.parametrize("sync_every", sorted(RECORDED_REPLICA_RUNS))
+def test_replica_mode_reproduces_the_recorded_runs(tmp_path, monkeypatch, one_thread, sync_every):
+    """Through the launcher (cluster.mode=replicas dispatches to ReplicaTrainer): the same
+    losses step for step and the same final accuracy as recorded."""
+    from omegaconf import OmegaConf
+
+    from repro import launch
+    from repro.logging import read_metrics, read_summary
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    lines: list[str] = []
+    (run_dir,) = launch.train([*REPLICA_RUN, "cluster.mode=replicas",
+                               f"cluster.sync_every={sync_every}", f"runs_root={tmp_path}"],
+                              out=lines.append)
+    assert lines == [f"[running] {run_dir}"]
+    saved = OmegaConf.load(f"{run_dir}/config.yaml")
+    assert (saved.cluster.mode, saved.cluster.sync_every) == ("replicas", sync_every)
+    losses, accuracy = RECORDED_REPLICA_RUNS[sync_every]
+    assert [r["loss"] for r in read_metrics(run_dir)] == pytest.approx(losses, rel=1e-6)
+    assert read_summary(run_dir)["eval/accuracy"] == pytest.approx(accuracy)
+
+
+def test_sync_every_step_leaves_the_replicas_identical(tmp_path, one_thread):
+    """sync_every=1: before every step after the first the replicas, drifted apart by the
+    lost packets, are set to their mean: identical afterwards in every float parameter and
+    buffer, integer buffers (BatchNorm's step count) left alone."""
+    trainer = _replica_trainer(tmp_path, "cluster.sync_every=1", trainer=_spying_trainer())
+    trainer.run()
+    assert [step for step, _, _ in trainer.syncs] == [1, 2, 3]
+    for step, before, after in trainer.syncs:
+        assert any(not torch.equal(before[0][k], before[r][k])
+                   for r in (1, 2) for k in before[0]), f"nothing to average at step {step}"
+        for key in after[0]:
+            mean = torch.stack([b[key] for b in before]).mean(0)
+            for r in range(3):
+                assert torch.equal(after[r][key], mean), (step, r, key)
+    counts = {k: v for k, v in trainer.replicas[1].state_dict().items() if not v.is_floating_point()}
+    assert counts and all(int(v) == 4 for v in counts.values())  # BatchNorm batches seen
+
+
+def test_without_sync_the_replicas_drift_apart(tmp_path, one_thread):
+    """sync_every=0: never averaged; each replica stepped with the aggregate ITS worker
+    received, so lost packets leave the replicas' parameters different, while the same
+    run without loss (every worker decodes the same aggregate) keeps them equal."""
+    lossy = _replica_trainer(tmp_path / "lossy", "cluster.sync_every=0",
+                             trainer=_spying_trainer())
+    lossy.run()
+    assert lossy.syncs == []
+    params = [dict(m.named_parameters()) for m in lossy.replicas]
+    assert any(not torch.equal(params[0][n], params[r][n]) for r in (1, 2) for n in params[0])
+
+    clean = _replica_trainer(tmp_path / "clean", "cluster.sync_every=0",
+                             "compressor.params.loss_rate=0.0")
+    clean.run()
+    params = [dict(m.named_parameters()) for m in clean.replicas]
+    for n in params[0]:
+        assert torch.equal(params[0][n], params[1][n]) and torch.equal(params[0][n], params[2][n])
+
+
+def test_sync_every_n_steps_averages_before_steps_n_2n(tmp_path, one_thread):
+    trainer = _replica_trainer(tmp_path, "cluster.sync_every=2", "steps=5",
+                               trainer=_spying_trainer())
+    trainer.run()
+    assert [step for step, _, _ in trainer.syncs] == [2, 4]
+
+
+def test_replicas_without_loss_train_the_simulated_mode_model(tmp_path, one_thread):
+    """Nothing lost, a model without buffers or random layers (the MLP-Mixer, Adam): every
+    replica is stepped with the same aggregate the simulated mode applies to its single
+    model, so all replicas end bit for bit equal to it."""
+    from repro.train import SimulatedTrainer
+
+    mixer = ["task=cifar10_mixer", "compressor.params.loss_rate=0.0", "steps=3"]
+    replicas = _replica_trainer(tmp_path / "replicas", *mixer, "cluster.sync_every=0")
+    replicas.run()
+    simulated = SimulatedTrainer(_prepared(tmp_path / "simulated", *mixer))
+    simulated.run()
+    reference = dict(simulated.model.named_parameters())
+    for replica in replicas.replicas:
+        for name, p in replica.named_parameters():
+            assert torch.equal(p, reference[name]), name
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_replica_run_resumes_every_replica(tmp_path, monkeypatch, one_thread):
+    """Killed after a checkpoint, relaunched: every replica's parameters, buffers and
+    optimizer come back, so the run ends as the uninterrupted one does."""
+    ov = ["cluster.sync_every=0", "steps=4", "checkpoint_every=2"]
+    reference = _replica_trainer(tmp_path / "a", *ov)
+    reference.run()
+    killed = _replica_trainer(tmp_path / "b", *ov)
+
+    def die(code):
+        raise _Killed(code)
+
+    monkeypatch.setenv("GRADCOMP_FAIL_AT_STEP", "3:0")  # checkpoint at step 2, dies in 3
+    monkeypatch.setattr(os, "_exit", die)
+    with pytest.raises(_Killed):
+        killed.run()
+    monkeypatch.undo()
+    resumed = _replica_trainer(tmp_path / "b", *ov)
+    resumed.run()
+    assert resumed.step == 4
+    for ref, res in zip(reference.replicas, resumed.replicas):
+        for key, value in ref.state_dict().items():
+            assert torch.equal(value, res.state_dict()[key]), key
+    for ref, res in zip(reference.replica_optimizers, resumed.replica_optimizers):
+        for p, st in ref.state_dict()["state"].items():
+            for k, v in st.items():
+                assert torch.equal(torch.as_tensor(v),
+                                   torch.as_tensor(res.state_dict()["state"][p][k])), (p, k)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["cluster.sync_every=2"], ["cluster.sync_every=2", "cluster.mode=replicas"]),
+    (["cluster.mode=replicas", "cluster.sync_every=-1"], ["cluster.sync_every=-1", "≥ 0"]),
+    (["cluster.mode=replicas", "compressor.granularity=bucket"], ["bucket", "simulated"]),
+    (["cluster.mode=replica"], ["cluster.mode", "replicas", "simulated"]),
+])
+def test_replica_settings_are_checked_before_any_worker_starts(tmp_path, overrides, words):
+    from repro import launch
+
+    with pytest.raises(ValueError) as info:
+        launch.plan([*REPLICA_RUN, *overrides, f"runs_root={tmp_path}"], multirun=False)
+    for word in words:
+        assert word in str(info.value), (word, str(info.value))
+    assert not any(tmp_path.iterdir())

@@ -1,7 +1,8 @@
 """Paper figures as one command each (`repro figure ID`, `scripts/repro_figure.sh ID`).
 
 Each paper has one module here (sidco, dragonn, deft, thc) whose functions register
-themselves with `@figure(...)` (see repro/figures/base.py for the pipeline). Importing this
+themselves with `@figure(...)` (see repro/figures/base.py for the pipeline). They share
+helpers only through base.py and common.py, never by importing one another. Importing this
 package imports those modules; none of them runs anything at import time.
 """
 
@@ -36,6 +37,9 @@ DEFAULT_SET: tuple[str, ...] = (
     "deft-fig1", "sidco-fig1", "dragonn-fig7", "sidco-fig9", "thc-fig4",
 )
 
+# The modules of this package that hold no figures: what the paper modules share.
+SHARED_MODULES = ("base", "common")
+
 _loaded = False
 
 
@@ -46,7 +50,7 @@ def load_all() -> None:
         return
     _loaded = True
     for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if mod.name.startswith("_") or mod.name == "base":
+        if mod.name.startswith("_") or mod.name in SHARED_MODULES:
             continue
         importlib.import_module(f"{__name__}.{mod.name}")
 

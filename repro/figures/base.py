@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repro.runs import fmt
+
 SIZES = ("smoke", "full")
 VERDICTS = ("holds", "does not hold", "not comparable")
 KINDS = ("benchmark", "training", "analysis")
@@ -183,17 +185,20 @@ class Context:
         rows = self.reference(setting=setting, metric=metric)
         return rows[0]["value"] if rows else None
 
-    def train(self, overrides: Sequence[str], multirun: bool = False) -> list[str]:
+    def train(self, overrides: Sequence[str], multirun: bool = False,
+              note: str | None = None) -> list[str]:
         """Training runs through `repro train` (runs already DONE are skipped), grouped
         under this figure's runs/ folder; the run directories in order. The figure owns
-        that folder, so a run whose config changed is re-run rather than refused."""
+        that folder, so a run whose config changed is re-run rather than refused. `note`
+        is appended, in parentheses, to each run's status line."""
         from repro import launch
 
         args = [*overrides, f"runs_root={self.runs_root}", f"group={self.figure.id}",
                 *self.overrides]
         if self.figure.experiment:
             args.insert(0, f"experiment={self.figure.experiment}")
-        return launch.train(args, multirun=multirun, out=self.say, on_change="restart")
+        say = self.say if note is None else (lambda line: self.say(f"{line} ({note})"))
+        return launch.train(args, multirun=multirun, out=say, on_change="restart")
 
     def write_csv(self, name: str, rows: Iterable[Mapping[str, Any]]) -> Path:
         """Write data rows (dicts with the same keys) to out_dir/<name>.csv atomically."""
@@ -231,20 +236,14 @@ def machine() -> dict[str, Any]:
             "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 
-def _fmt(v: float | None) -> str:
-    if v is None:
-        return "—"
-    return f"{v:.4g}"
-
-
 def comparison_markdown(fig: Figure, rows: Sequence[Row]) -> str:
     lines = [f"# {fig.id}: {fig.title}", "", f"Paper claim: {fig.expected}", "",
              "| setting | metric | paper | reproduced | ratio | verdict | reason |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         unit = f" {r.unit}" if r.unit else ""
-        lines.append(f"| {r.setting} | {r.metric}{unit} | {_fmt(r.paper)} | {_fmt(r.reproduced)} "
-                     f"| {_fmt(r.ratio)} | {r.verdict} | {r.reason} |")
+        lines.append(f"| {r.setting} | {r.metric}{unit} | {fmt(r.paper)} | {fmt(r.reproduced)} "
+                     f"| {fmt(r.ratio)} | {r.verdict} | {r.reason} |")
     return "\n".join(lines) + "\n"
 
 

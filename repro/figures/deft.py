@@ -9,15 +9,10 @@ and layer-wise selection for the speed-up, and `repro train` with n SIMULATED wo
 one process (THC Section 8.3) on the tasks' small ("smoke") models and offline stand-in
 data for a few dozen to a few hundred steps. Titles say so; the verdicts say which claims
 can be checked at that scale.
-
-This module also holds the small helpers the THC figures share (model gradients of
-simulated workers, run-metric summaries, plot styling).
 """
 
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import tempfile
 import time
@@ -28,103 +23,8 @@ from typing import Any
 import torch
 
 from repro.figures.base import Context, Row, figure, verdict
-
-# -- shared helpers (also used by repro/figures/thc.py) ------------------------------------
-
-STANDIN = "stand-in data"
-
-
-def plt():
-    """matplotlib with a non-interactive backend (figures run headless)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as pyplot
-
-    return pyplot
-
-
-def model_gradients(task_name: str, workers: int, batch_size: int | None = None,
-                    seed: int = 0) -> tuple[list[torch.Tensor], tuple, str]:
-    """One step's flattened gradient of each of `workers` simulated workers: the task's
-    small model at initialisation, each worker on its own shard of the stand-in data (the
-    task's own sharding). Returns (per-worker gradients, layout, data source)."""
-    import compressors
-    import tasks
-
-    torch.manual_seed(seed)
-    task = tasks.build_task(task_name, size="smoke", data="standin", batch_size=batch_size,
-                            seed=seed)
-    model = task.build_model()
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    grads: list[torch.Tensor] = []
-    layout: tuple = ()
-    for rank in range(workers):
-        batch = next(iter(task.train_batches(rank, workers, 0)))
-        for _, p in named:
-            p.grad = None
-        task.loss(model, batch).backward()
-        flat, layout = compressors.flatten_named(
-            [(n, p.grad if p.grad is not None else torch.zeros_like(p)) for n, p in named])
-        grads.append(flat.detach().clone())
-    return grads, layout, task.data_source
-
-
-def saved_source(grads: Sequence[torch.Tensor] | torch.Tensor, folder: str) -> str:
-    """Save gradients for `repro.measure`'s file: source; returns 'file:PATH'."""
-    path = os.path.join(folder, "grads.pt")
-    torch.save(list(grads) if not isinstance(grads, torch.Tensor) else grads, path)
-    return f"file:{path}"
-
-
-def run_metrics(run_dir: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(metrics.jsonl lines, summary.json) of a finished run."""
-    from repro.logging import read_metrics, read_summary
-
-    return read_metrics(run_dir), (read_summary(run_dir) or {})
-
-
-def series(lines: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
-    for r in lines:
-        v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-            xs.append(int(r["step"]))
-            ys.append(float(v))
-    return xs, ys
-
-
-def mean_of(lines: list[dict[str, Any]], key: str, skip: int = 0) -> float | None:
-    _, ys = series(lines, key)
-    ys = ys[skip:] if len(ys) > skip else ys
-    return float(statistics.fmean(ys)) if ys else None
-
-
-def smooth(ys: Sequence[float], window: int) -> list[float]:
-    """Trailing moving average (THC plots accuracy with a sliding window of 5)."""
-    out = []
-    for i in range(len(ys)):
-        part = ys[max(0, i - window + 1): i + 1]
-        out.append(sum(part) / len(part))
-    return out
-
-
-def eval_key(summary: dict[str, Any]) -> str:
-    return f"eval/{summary.get('metric', 'accuracy')}"
-
-
-def final_eval(lines: list[dict[str, Any]], summary: dict[str, Any]) -> float | None:
-    key = eval_key(summary)
-    v = summary.get(key)
-    if isinstance(v, (int, float)):
-        return float(v)
-    _, ys = series(lines, key)
-    return ys[-1] if ys else None
-
-
-def fmt(v: float | None, spec: str = ".3g") -> str:
-    return "n/a" if v is None else format(v, spec)
-
+from repro.figures.common import model_gradients, pyplot, saved_source, smooth
+from repro.runs import WARMUP_STEPS, Run, fmt, load_run
 
 # -- DEFT settings --------------------------------------------------------------------------
 
@@ -206,8 +106,8 @@ def deft_fig1(ctx: Context) -> list[Row]:
     ctx.write_csv("density", rows)
 
     inputs_seen = list(dict.fromkeys(r["input"] for r in rows))
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(inputs_seen), figsize=(5 * len(inputs_seen), 4),
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(inputs_seen), figsize=(5 * len(inputs_seen), 4),
                                 squeeze=False)
     for ax, inp in zip(axes[0], inputs_seen):
         for c in SPARSIFIERS:
@@ -237,7 +137,7 @@ def deft_fig1(ctx: Context) -> list[Row]:
         out.append(Row(f"{inp}, {n_max} workers", "Top-k actual density", ref, topk[-1],
                        verdict(grows),
                        f"claim: Top-k's density grows with n, well above δ; here "
-                       f"{' → '.join(fmt(v) for v in topk)} for n = {list(workers)} "
+                       f"{' → '.join(fmt(v, '.3g', 'n/a') for v in topk)} for n = {list(workers)} "
                        "(grows monotonically and ends > 2δ?)"))
         for c in ("deft", "cltk"):
             worst = max(abs(dens(c, n) / ratio - 1) for n in workers)
@@ -336,8 +236,8 @@ def deft_fig9(ctx: Context) -> list[Row]:
         r["speedup_vs_deft_n1"] = base1 / r["deft_slowest_s"]
     ctx.write_csv("selection_speedup", rows)
 
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6, 4.2))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.2))
     ns = [r["workers"] for r in rows]
     ax.plot(ns, [r["speedup_vs_topk"] for r in rows], "o-", color=COLORS["deft"],
             label="DEFT over Top-k (torch.topk on the whole gradient)")
@@ -373,7 +273,8 @@ def deft_fig9(ctx: Context) -> list[Row]:
             f"fall by ≤ 10% timing noise; not growing at {', '.join(flat) or 'no step'}); {cpu}"),
         Row("16 workers", "speed-up lower bound (linear)", ref, at16,
             verdict(None if at16 is None else at16 >= 16),
-            f"claim: super-linear speed-up, f(n) ≥ n (Eq. 9); here {fmt(at16)} (x) at n = 16; {cpu}",
+            f"claim: super-linear speed-up, f(n) ≥ n (Eq. 9); here {fmt(at16, '.3g', 'n/a')} (x) "
+            f"at n = 16; {cpu}",
             "x"),
         Row(f"{n_max} workers", "speed-up over DEFT at n=1", None, rows[-1]["speedup_vs_deft_n1"],
             verdict(rows[-1]["speedup_vs_deft_n1"] >= n_max),
@@ -414,31 +315,17 @@ def _convergence_runs(ctx: Context, compressors: Sequence[str]) -> dict[tuple[st
     return {(w, c): deft_run(ctx, w, c, n) for w in _workloads(ctx) for c in compressors}
 
 
-def per_worker_split(lines: list[dict[str, Any]], workers: int) -> tuple[float, float, float]:
-    """(compute, compression, projected communication) seconds per step of ONE worker.
-    The simulated step runs every worker's backward pass and compression in turn, so a
-    worker's compute is (step − n·compression)/n; communication is the cost model's
-    projection from the bytes really sent (projected/step_s − compute_s − compress_s)."""
-    lines = lines[1:] or lines  # step 0 carries one-off set-up costs
-    compress = statistics.fmean(line.get("compress_s") or 0.0 for line in lines)
-    step = statistics.fmean(line["step_s"] for line in lines)
-    compute = max(0.0, (step - workers * compress) / workers)
-    comm = statistics.fmean(line["projected/step_s"] - line["compute_s"] - line["compress_s"]
-                            for line in lines)
-    return compute, compress, comm
-
-
-def _run_table(ctx: Context, runs: dict[tuple[str, str], str], name: str) -> dict:
-    """Per-step metrics of the runs as one CSV; returns {(workload, comp): (lines, summary)}."""
+def _run_table(ctx: Context, runs: dict[tuple[str, str], str], name: str
+               ) -> dict[tuple[str, str], Run]:
+    """Per-step metrics of the runs as one CSV; returns the runs read, by (workload, comp)."""
     data, rows = {}, []
     keep = ("loss", "density", "ef_norm", "estimation_quality", "compress_s", "compute_s",
             "step_s", "comm_s", "projected/step_s", "bytes_sent")
     for (w, c), run_dir in runs.items():
-        lines, summary = run_metrics(run_dir)
-        data[(w, c)] = (lines, summary)
-        key = eval_key(summary)
-        for line in lines:
-            row = {"workload": w, "compressor": c, "run": Path(run_dir).name,
+        run = data[(w, c)] = load_run(run_dir)
+        key = run.eval_key
+        for line in run.metrics:
+            row = {"workload": w, "compressor": c, "run": Path(run.path).name,
                    "step": line["step"]}
             row.update({k: line.get(k) for k in keep})
             row[key] = line.get(key)
@@ -453,11 +340,11 @@ def _plot_per_workload(ctx: Context, data: dict, comps: Sequence[str], wls: list
     """One log-scale panel per workload of `key` against the iteration for each
     compressor (deft-fig4's densities, deft-fig5's error norms), saved as `name`;
     `set_density` adds the set density δ as a dashed line."""
-    pyplot = plt()
-    fig, axes = pyplot.subplots(1, len(wls), figsize=(4.6 * len(wls), 3.8), squeeze=False)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(wls), figsize=(4.6 * len(wls), 3.8), squeeze=False)
     for ax, w in zip(axes[0], wls):
         for c in comps:
-            xs, ys = series(data[(w, c)][0], key)
+            xs, ys = data[(w, c)].series(key)
             ax.plot(xs, ys, color=COLORS[c], label=LABELS[c])
         if set_density:
             ax.axhline(WORKLOADS[w]["ratio"], color="grey", ls="--", lw=1, label="set density δ")
@@ -495,17 +382,17 @@ TRAIN_HARDWARE = "16 V100 GPUs (4 nodes × 4), NCCL; ResNet-18/CIFAR-10, LSTM/Wi
 def deft_fig3(ctx: Context) -> list[Row]:
     comps = ("topk", "deft") if ctx.smoke else ("none", *SPARSIFIERS)
     data = _run_table(ctx, _convergence_runs(ctx, comps), "convergence")
-    pyplot = plt()
+    plt = pyplot()
     wls = _workloads(ctx)
-    fig, axes = pyplot.subplots(2, len(wls), figsize=(4.6 * len(wls), 7), squeeze=False)
+    fig, axes = plt.subplots(2, len(wls), figsize=(4.6 * len(wls), 7), squeeze=False)
     for j, w in enumerate(wls):
         for c in comps:
-            lines, summary = data[(w, c)]
-            xs, ys = series(lines, eval_key(summary))
+            run = data[(w, c)]
+            xs, ys = run.series(run.eval_key)
             axes[0][j].plot(xs, ys, "o-", color=COLORS[c], label=LABELS[c])
-            xs, ys = series(lines, "loss")
+            xs, ys = run.series("loss")
             axes[1][j].plot(xs, smooth(ys, 5), color=COLORS[c], label=LABELS[c])
-        metric = data[(w, comps[0])][1].get("metric", "metric")
+        metric = data[(w, comps[0])].metric or "metric"
         axes[0][j].set(title=f"{WORKLOADS[w]['label']} (δ={WORKLOADS[w]['ratio']})",
                        xlabel="iteration", ylabel=f"eval {metric}"
                        + (" (log)" if metric == "perplexity" else ""))
@@ -522,13 +409,12 @@ def deft_fig3(ctx: Context) -> list[Row]:
 
     out: list[Row] = []
     for w in wls:
-        finals = {c: final_eval(*data[(w, c)]) for c in comps}
-        higher = data[(w, comps[0])][1].get("higher_is_better", True)
-        metric = data[(w, comps[0])][1].get("metric", "metric")
+        finals = {c: data[(w, c)].final_eval for c in comps}
+        metric = data[(w, comps[0])].metric or "metric"
         sparse = [c for c in SPARSIFIERS if c in finals and finals[c] is not None]
         # Convergence rate after a short run: the training loss over the last 5 steps (the
         # few evaluations of a run this short are within noise of each other).
-        tail = {c: statistics.fmean(series(data[(w, c)][0], "loss")[1][-5:]) for c in sparse}
+        tail = {c: statistics.fmean(data[(w, c)].series("loss")[1][-5:]) for c in sparse}
         best = min(sparse, key=lambda c: tail[c]) if sparse else None
         out.append(Row(f"{WORKLOADS[w]['label']}", "training loss, last 5 steps, Top-k", None,
                        tail.get("topk"), verdict(None if best is None or len(sparse) < 3
@@ -537,7 +423,8 @@ def deft_fig3(ctx: Context) -> list[Row]:
                        f"over the last 5 steps here: {LABELS.get(best, best)} ("
                        + ", ".join(f"{LABELS[c]} {tail[c]:.4f}" for c in sparse)
                        + f"; final eval {metric}: "
-                       + ", ".join(f"{LABELS[c]} {fmt(finals[c])}" for c in sparse) + "); "
+                       + ", ".join(f"{LABELS[c]} {fmt(finals[c], '.3g', 'n/a')}" for c in sparse)
+                       + "); "
                        + _scale_note(ctx, w)))
         base = finals.get("none")
         for c in sparse:
@@ -546,7 +433,8 @@ def deft_fig3(ctx: Context) -> list[Row]:
                            "non-sparsified", 1.0, gap, "not comparable",
                            "paper: every sparsifier reaches the non-sparsified convergence "
                            f"point after full training; here the ratio after a short run is "
-                           f"{fmt(gap)} — runs too short to check a convergence point; "
+                           f"{fmt(gap, '.3g', 'n/a')} — runs too short to check a convergence "
+                           "point; "
                            + _scale_note(ctx, w)))
     return out
 
@@ -577,24 +465,25 @@ def deft_fig4(ctx: Context) -> list[Row]:
     for w in wls:
         delta = WORKLOADS[w]["ratio"]
         label = WORKLOADS[w]["label"]
-        topk = mean_of(data[(w, "topk")][0], "density")
+        topk = data[(w, "topk")].mean("density")
         paper_x = ctx.reference_value(label, "Top-k actual density / set density")
         mine_x = None if topk is None else topk / delta
         within = None if mine_x is None or not paper_x else 0.5 <= mine_x / paper_x <= 2
         out.append(Row(label, "Top-k actual density / set density", paper_x, mine_x,
                        verdict(within),
-                       f"claim: Top-k's gradient build-up ({fmt(paper_x)}x at 16 GPUs); here "
-                       f"{fmt(mine_x)}x (checked within 2x of the paper's factor); "
+                       f"claim: Top-k's gradient build-up ({fmt(paper_x, '.3g', 'n/a')}x at 16 "
+                       "GPUs); here "
+                       f"{fmt(mine_x, '.3g', 'n/a')}x (checked within 2x of the paper's factor); "
                        + _scale_note(ctx, w), "x"))
         for c in ("deft", "cltk"):
             if (w, c) not in data:
                 continue
-            d = mean_of(data[(w, c)][0], "density")
+            d = data[(w, c)].mean("density")
             paper_d = ctx.reference_value(label, f"{LABELS[c]} mean actual density") or delta
             out.append(Row(label, f"{LABELS[c]} mean actual density", paper_d, d,
                            verdict(_band(d, delta, 0.10)),
                            f"claim: {LABELS[c]} holds the set density δ={delta}; here "
-                           f"{fmt(d)} (checked within ±10%); " + _scale_note(ctx, w)))
+                           f"{fmt(d, '.3g', 'n/a')} (checked within ±10%); " + _scale_note(ctx, w)))
     return out
 
 
@@ -621,7 +510,7 @@ def deft_fig5(ctx: Context) -> list[Row]:
 
     out: list[Row] = []
     for w in wls:
-        means = {c: mean_of(data[(w, c)][0], "ef_norm") for c in comps}
+        means = {c: data[(w, c)].mean("ef_norm") for c in comps}
         others = [means[c] for c in ("deft", "cltk") if means.get(c) is not None]
         ratio = None if means.get("topk") is None or not others else means["topk"] / min(others)
         holds = None if ratio is None else ratio < 1
@@ -629,7 +518,7 @@ def deft_fig5(ctx: Context) -> list[Row]:
                        None, ratio,
                        verdict(holds),
                        "claim: Top-k's error is below DEFT's and CLT-k's; mean ||residual|| here "
-                       + ", ".join(f"{LABELS[c]} {fmt(v)}" for c, v in means.items())
+                       + ", ".join(f"{LABELS[c]} {fmt(v, '.3g', 'n/a')}" for c, v in means.items())
                        + " (worker 0's residual, not the mean over workers); "
                        + _scale_note(ctx, w)))
     return out
@@ -656,9 +545,10 @@ def deft_fig7(ctx: Context) -> list[Row]:
     data = _run_table(ctx, runs, "steps")
     rows, split = [], {}
     for c in comps:
-        lines = data[(workload, c)][0]
-        compute, _, comm = per_worker_split(lines, n)
-        compress = [line["compress_s"] for line in lines[1:] if line.get("compress_s") is not None]
+        run = data[(workload, c)]
+        mean_step = run.mean_step_split()
+        compute, comm = mean_step.compute_s, mean_step.comm_s
+        compress = run.series("compress_s", skip_steps=WARMUP_STEPS)[1]
         # Worker 0's selection time; CLT-k's leader (the worker everyone waits for) rotates,
         # so each n-step cycle is represented by its slowest step, for every compressor.
         cycles = [max(compress[i:i + n]) for i in range(0, len(compress), n)] or [0.0]
@@ -669,8 +559,8 @@ def deft_fig7(ctx: Context) -> list[Row]:
                      "communication_projected_s": comm, "total_s": compute + select + comm})
     ctx.write_csv("breakdown", rows)
 
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.5, 4))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
     labels = [LABELS[c] for c in comps]
     bottom = [0.0] * len(comps)
     for i, (part, color) in enumerate((("compute (measured, per worker)", "tab:gray"),
@@ -726,28 +616,26 @@ def deft_fig10(ctx: Context) -> list[Row]:
     for n in scales:
         for c in ("none", "deft"):
             runs[(f"{n}", c)] = deft_run(ctx, workload, c, n)
-    data = {}
+    data: dict[tuple[str, str], Run] = {}
     rows = []
     for (n, c), run_dir in runs.items():
-        lines, summary = run_metrics(run_dir)
-        data[(n, c)] = (lines, summary)
-        key = eval_key(summary)
-        for line in lines:
+        run = data[(n, c)] = load_run(run_dir)
+        key = run.eval_key
+        for line in run.metrics:
             rows.append({"workers": int(n), "compressor": c, "step": line["step"],
                          "loss": line.get("loss"), key: line.get(key),
                          "density": line.get("density")})
     ctx.write_csv("convergence", rows)
-    summary0 = data[(str(scales[0]), "deft")][1]
-    key, metric = eval_key(summary0), summary0.get("metric", "metric")
-    higher = summary0.get("higher_is_better", False)
+    run0 = data[(str(scales[0]), "deft")]
+    key, metric, higher = run0.eval_key, run0.metric or "metric", run0.higher_is_better
 
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
-    cmap = pyplot.get_cmap("viridis")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    cmap = plt.get_cmap("viridis")
     for i, n in enumerate(scales):
         color = cmap(i / max(1, len(scales) - 1))
         for c, ls in (("deft", "-"), ("none", ":")):
-            xs, ys = series(data[(str(n), c)][0], key)
+            xs, ys = data[(str(n), c)].series(key)
             ax.plot(xs, ys, ls, marker="o", ms=3, color=color,
                     label=f"{LABELS[c]}, {n} workers")
     ax.set(xlabel="iteration", ylabel=f"eval {metric}" + (" (log)" if metric == "perplexity" else ""))
@@ -762,13 +650,14 @@ def deft_fig10(ctx: Context) -> list[Row]:
 
     out: list[Row] = []
     for n in scales:
-        d = final_eval(*data[(str(n), "deft")])
-        b = final_eval(*data[(str(n), "none")])
+        d = data[(str(n), "deft")].final_eval
+        b = data[(str(n), "none")].final_eval
         ratio = None if d is None or not b else d / b
         worse = None if ratio is None else (ratio - 1 if not higher else 1 - ratio)
         out.append(Row(f"{n} workers", f"final eval {metric}, DEFT / non-sparsified", 1.0, ratio,
                        verdict(None if worse is None else worse <= 0.10),
                        f"checked: DEFT within 10% of non-sparsified training at the same scale "
                        f"after the same steps (paper: both reach the same point after 90 "
-                       f"epochs); DEFT {fmt(d)} vs {fmt(b)}; " + _scale_note(ctx, workload)))
+                       f"epochs); DEFT {fmt(d, '.3g', 'n/a')} vs {fmt(b, '.3g', 'n/a')}; "
+                       + _scale_note(ctx, workload)))
     return out

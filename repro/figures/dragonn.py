@@ -5,20 +5,19 @@ Table 2 (with Fig. 4's convergence curves) and Fig. 7 (XML).
 The paper ran on 16 V100 GPUs (2 machines × 8, 25 Gbps). Here every time is measured on
 this CPU; network times come from the cost model of DRAGONN Eq. 1 (repro.costmodel)
 for the paper's cluster (16 workers, 25 Gbps), and training runs are simulated workers on
-stand-in data whose communication is projected onto that cluster (see
-repro/figures/_sidco_dragonn.py for how).
+stand-in data whose communication is projected onto that cluster (see repro/runs.py
+for how).
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
 
 from repro import bench
 from repro.costmodel import Network, sent_fraction
-from repro.figures._sidco_dragonn import (
+from repro.figures.base import Context, Row, figure
+from repro.figures.common import (
     COLOURS,
     bench_cpu_note,
     claim_row,
@@ -28,10 +27,8 @@ from repro.figures._sidco_dragonn import (
     label,
     param_count,
     pyplot,
-    records_as_rows,
     train_grid,
 )
-from repro.figures.base import Context, Row, figure
 
 PAPER_HW = "16 NVIDIA V100-32GB (2 machines × 8 GPUs, PCIe), 25 Gbps network, PyTorch 1.8, Horovod"
 CPU = "this 2-core CPU"
@@ -249,7 +246,7 @@ def lemma_a10(ctx: Context) -> list[Row]:
             data.append({"n": n, "m": m, "keys": keys, "trials": trials, "expected_p": p,
                          "mean": float(x.mean()), "std": float(x.std()),
                          "p05": float(np.percentile(x, 5)), "p95": float(np.percentile(x, 95)),
-                         f"P(lo<=x<=hi)": inside, "lo": lo, "hi": hi,
+                         "P(lo<=x<=hi)": inside, "lo": lo, "hi": hi,
                          "P(|x-p|<0.1)": within_eps,
                          "bound P(|x-p|>=0.1)": empty_fraction_tail_bound(n, m, 0.1)})
             setting = f"m = {m}, n = {n}, {keys}, {trials} hash seeds"
@@ -450,7 +447,7 @@ def _time_to(run, target: float) -> tuple[int | None, float | None]:
     steps = run.steps_to(target)
     if steps is None:
         return None, None
-    return steps, run.projected_time_at(steps)
+    return steps, run.projection().time_at(steps)
 
 
 def _caveat(runs: dict) -> str:
@@ -498,8 +495,8 @@ def table2(ctx: Context) -> list[Row]:
             steps, t = _time_to(r, target) if target is not None else (None, None)
             data.append({"task": task, "column": col, "compressor": n, "ratio": r.ratio,
                          "target": target, "steps_to_target": steps, "projected_time_to_target_s": t,
-                         "projected_step_s": r.projected_step_s, "final": r.final, "best": r.best(),
-                         "projected_samples_per_s": r.projected_samples_per_s,
+                         "projected_step_s": r.projection().step_s, "final": r.final_eval,
+                         "best": r.best(), "projected_samples_per_s": r.projection().samples_per_s,
                          "data_source": r.data_source})
         caveat = _caveat(runs)
         d_steps, d_time = _time_to(runs["dragonn"], target) if target else (None, None)
@@ -576,14 +573,15 @@ def fig7(ctx: Context) -> list[Row]:
     best_full = runs["none"].best()
     target = None if best_full is None else TARGET_FRACTION * best_full
     caveat = _caveat(runs)
-    full_tp = runs["none"].projected_samples_per_s
+    full_tp = runs["none"].projection().samples_per_s
     data = []
     for n, r in runs.items():
         steps, t = _time_to(r, target) if target is not None else (None, None)
+        p = r.projection()
         data.append({"compressor": n, "ratio": r.ratio, "target": target, "steps_to_target": steps,
-                     "projected_time_to_target_s": t, "projected_samples_per_s": r.projected_samples_per_s,
-                     "throughput_over_full": r.projected_samples_per_s / full_tp if full_tp else None,
-                     "final": r.final, "best": r.best(), "projected_step_s": r.projected_step_s})
+                     "projected_time_to_target_s": t, "projected_samples_per_s": p.samples_per_s,
+                     "throughput_over_full": p.samples_per_s / full_tp if full_tp else None,
+                     "final": r.final_eval, "best": r.best(), "projected_step_s": p.step_s})
     ctx.write_csv("xml_runs", data)
     curves = [{"compressor": n, "iteration": s, r.metric: v} for n, r in runs.items() for s, v in r.eval_curve]
     ctx.write_csv("xml_accuracy_curves", curves)
@@ -593,7 +591,7 @@ def fig7(ctx: Context) -> list[Row]:
     _convergence_panel(ax, runs, "(a) P@1 vs iteration", target)
     ax.legend(fontsize=7)
     comp = [n for n in names if n != "none"]
-    ax2.bar([label(n) for n in comp], [runs[n].projected_samples_per_s / full_tp for n in comp],
+    ax2.bar([label(n) for n in comp], [runs[n].projection().samples_per_s / full_tp for n in comp],
             color=[COLOURS[n] for n in comp])
     ax2.axhline(1, color="k", lw=0.8)
     ax2.set_ylabel("projected samples/s, normalised to full sync (×)")
@@ -629,7 +627,7 @@ def fig7(ctx: Context) -> list[Row]:
             None if d_steps is None else (b_steps is None or b_steps >= d_steps),
             f"DRAGONN needs no more iterations than {label(n)} to converge", caveat, "iterations",
             missing_ok=True))
-    tp = {n: runs[n].projected_samples_per_s / full_tp for n in comp}
+    tp = {n: runs[n].projection().samples_per_s / full_tp for n in comp}
     for n in [v for v in ("dgc", "signsgd") if v in tp]:
         rows.append(claim_row(
             setting, f"DRAGONN / {label(n)} projected throughput", None, tp["dragonn"] / tp[n],

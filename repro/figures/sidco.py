@@ -6,7 +6,7 @@ ratio over training) and Fig. 16 (compression latency on synthetic tensors).
 The paper ran on 8 machines with one V100 each and 10 Gbps NICs (compression on the GPU,
 and on the CPU for Figs. 1(b), 16(e–h)). Here compression is timed on this CPU, and the
 training figures run simulated workers on stand-in data with their communication projected
-onto 8 workers at 10 Gbps (repro/figures/_sidco_dragonn.py says how).
+onto 8 workers at 10 Gbps (repro/runs.py says how).
 """
 
 from __future__ import annotations
@@ -17,23 +17,21 @@ import numpy as np
 import torch
 
 from repro import bench, measure
-from repro.figures._sidco_dragonn import (
+from repro.figures.base import Context, Row, figure
+from repro.figures.common import (
     COLOURS,
-    RunStats,
     bench_cpu_note,
     claim_row,
     compressor_overrides,
-    encode_cell,
     fmt_size,
     label,
     param_count,
     pyplot,
-    quality_per_time,
     records_as_rows,
     smooth,
     train_grid,
 )
-from repro.figures.base import Context, Row, figure
+from repro.runs import Run
 
 PAPER_HW = ("8 machines × 1 NVIDIA V100-16GB (2 × 16-core Xeon 4112), 10 Gbps NICs, "
             "PyTorch 1.1, Horovod 0.16.4; compression on GPU, and on CPU for the CPU panels")
@@ -311,7 +309,7 @@ def fig1(ctx: Context) -> list[Row]:
 
 
 def _grid(ctx: Context, task: str, compressors_, ratios, baseline: bool = True,
-          extra: tuple[str, ...] = ()) -> dict[tuple[str, float | None], RunStats]:
+          extra: tuple[str, ...] = ()) -> dict[tuple[str, float | None], Run]:
     specs = []
     if baseline:
         specs.append([f"task={task}", *compressor_overrides("none", None), *extra])
@@ -338,6 +336,22 @@ def _params(task: str) -> int:
     return param_count(task)
 
 
+def quality_per_time(run: Run) -> float | None:
+    """SIDCo's "normalized training speed-up" numerator: model quality at the end of
+    training over the (projected) time to get there; quality is accuracy, or 1/perplexity
+    for language models (lower is better)."""
+    final, step_s = run.final_eval, run.projection().step_s
+    if final is None or step_s is None:
+        return None
+    quality = final if run.higher_is_better else 1.0 / final
+    return quality / (run.steps * step_s)
+
+
+def _k_ratios(run: Run) -> list[float]:
+    """The run's k̂/k, one per step."""
+    return run.series("estimation_quality")[1]
+
+
 def _speedups(runs, ratios, who: str, base: str) -> list[float | None]:
     out = []
     for r in ratios:
@@ -348,8 +362,8 @@ def _speedups(runs, ratios, who: str, base: str) -> list[float | None]:
 
 
 def _throughputs(runs, ratios, who: str) -> list[float | None]:
-    base = runs[("none", None)].projected_samples_per_s
-    return [runs[(who, r)].projected_samples_per_s / base if base else None for r in ratios]
+    base = runs[("none", None)].projection().samples_per_s
+    return [runs[(who, r)].projection().samples_per_s / base if base else None for r in ratios]
 
 
 def _bars(ax, runs, ratios, names, value, ylabel, title, log=False):
@@ -541,8 +555,8 @@ def fig9(ctx: Context) -> list[Row]:
     window = 2 if ctx.smoke else 10
     data = []
     for (n, r), run in runs.items():
-        sm = smooth([v for _, v in run.k_ratio_curve], window)
-        for (step, raw), s in zip(run.k_ratio_curve, sm):
+        steps, ks = run.series("estimation_quality")
+        for step, raw, s in zip(steps, ks, smooth(ks, window)):
             data.append({"compressor": n, "ratio": r, "step": step, "k_ratio": raw, "smoothed": float(s)})
     ctx.write_csv("compression_ratio", data)
     caveat = (f"{next(iter(runs.values())).workers} simulated worker, smoke-size LSTM "
@@ -552,9 +566,8 @@ def fig9(ctx: Context) -> list[Row]:
     fig, axes = plt.subplots(1, len(ratios), figsize=(5 * len(ratios), 4), squeeze=False)
     for ax, r in zip(axes[0], ratios):
         for n in names:
-            run = runs[(n, r)]
-            ax.plot([s for s, _ in run.k_ratio_curve], smooth([v for _, v in run.k_ratio_curve], window),
-                    color=COLOURS[n], label=label(n))
+            steps, ks = runs[(n, r)].series("estimation_quality")
+            ax.plot(steps, smooth(ks, window), color=COLOURS[n], label=label(n))
         ax.axhline(1, color="k", lw=0.8)
         ax.set_yscale("log")
         ax.set_xlabel("training step")
@@ -571,7 +584,7 @@ def fig9(ctx: Context) -> list[Row]:
         fr = []
         worst = 1.0
         for r in ratios:
-            sm = smooth([v for _, v in runs[(n, r)].k_ratio_curve], window)
+            sm = smooth(_k_ratios(runs[(n, r)]), window)
             fr.append(float(np.mean((sm >= 0.5) & (sm <= 2.0))))
             worst = max(worst, float(np.max(np.maximum(sm, 1 / sm))))
         rows.append(claim_row(
@@ -581,7 +594,7 @@ def fig9(ctx: Context) -> list[Row]:
             "SIDCo (and DGC) stay within 2× of the target over training (smoothed)", caveat, "×"))
         late = 1.0
         for r in ratios:
-            sm = smooth([v for _, v in runs[(n, r)].k_ratio_curve], window)
+            sm = smooth(_k_ratios(runs[(n, r)]), window)
             tail = sm[len(sm) // 2:]
             if tail.size:
                 late = max(late, float(np.max(np.maximum(tail, 1 / tail))))
@@ -595,7 +608,7 @@ def fig9(ctx: Context) -> list[Row]:
         if n not in names:
             continue
         worst = max(float(np.max(np.maximum(s, 1 / s))) for s in
-                    (smooth([v for _, v in runs[(n, r)].k_ratio_curve], window) for r in ratios))
+                    (smooth(_k_ratios(runs[(n, r)]), window) for r in ratios))
         rows.append(claim_row(
             f"LSTM-PTB, δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
             f"{label(n)} worst smoothed deviation max(k̂/k, k/k̂)",

@@ -14,18 +14,18 @@ the bytes each run really sent and the compute time measured here — labelled p
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 from typing import Any
 
 from repro.figures.base import Context, Row, figure, verdict
-from repro.figures.deft import fmt, model_gradients, plt, saved_source
+from repro.figures.common import model_gradients, pyplot, saved_source
+from repro.runs import fmt, load_run
 
 # -- Fig. 2b: NMSE of Top-k 10 %, TernGrad and THC with 2 workers -------------------------
 
 
 def _nmse_table(ctx: Context) -> list[dict[str, Any]]:
-    from repro import measure, sources
+    from repro import measure
 
     size = 2**14 if ctx.smoke else 2**20
     steps = 2 if ctx.smoke else 5
@@ -81,8 +81,8 @@ def thc_fig2b(ctx: Context) -> list[Row]:
     comps = list(dict.fromkeys(r["compressor"] for r in rows))
     value = {(r["input"], r["compressor"]): r["nmse"] for r in rows}
 
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(9, 4.2))
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.2))
     width = 0.8 / len(comps)
     for j, c in enumerate(comps):
         xs = [i + (j - (len(comps) - 1) / 2) * width for i in range(len(inputs))]
@@ -119,13 +119,13 @@ def thc_fig2b(ctx: Context) -> list[Row]:
                        paper_tern / paper_topk if paper_tern and paper_topk else None, gap,
                        verdict(None if gap is None else gap >= 10),
                        "claim: TernGrad's NMSE is at least ~10x (paper: 'almost two orders of "
-                       f"magnitude') above Top-k 10%'s; here {fmt(gap)}x (TernGrad without "
-                       "clipping, scaler = max|g|)"))
+                       f"magnitude') above Top-k 10%'s; here {fmt(gap, '.3g', 'n/a')}x (TernGrad "
+                       "without clipping, scaler = max|g|)"))
         best = thc is not None and topk is not None and tern is not None and thc < min(topk, tern)
         out.append(Row(f"2 workers, {inp}", "NMSE THC", None, thc, verdict(best),
                        f"claim: THC is more accurate than TernGrad and Top-k 10% (paper gives "
-                       f"no number in the text); here THC {fmt(thc)} vs Top-k {fmt(topk)}, "
-                       f"TernGrad {fmt(tern)}"))
+                       f"no number in the text); here THC {fmt(thc, '.3g', 'n/a')} vs Top-k "
+                       f"{fmt(topk, '.3g', 'n/a')}, TernGrad {fmt(tern, '.3g', 'n/a')}"))
     return out
 
 
@@ -186,8 +186,8 @@ def thc_fig10(ctx: Context) -> list[Row]:
                              "nmse": _thc_nmse(src, d, n, b, FIG10_WORKER_G[b], 1 / 32, steps)})
     ctx.write_csv("nmse", rows)
 
-    pyplot = plt()
-    fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(10, 4))
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     for b in (2, 3, 4):
         g_rows = [r for r in rows if r["sweep"] == "granularity" and r["bits"] == b]
         a1.plot([r["granularity"] for r in g_rows], [r["nmse"] for r in g_rows], "o-",
@@ -200,7 +200,7 @@ def thc_fig10(ctx: Context) -> list[Row]:
     a2.set(xlabel="simulated workers n (log)", ylabel="NMSE (log)", xscale="log", yscale="log",
            title="p=1/32")
     a2.set_xticks(workers, [str(n) for n in workers])
-    a2.xaxis.set_minor_locator(pyplot.NullLocator())
+    a2.xaxis.set_minor_locator(plt.NullLocator())
     for a in (a1, a2):
         a.legend(fontsize=8)
         a.grid(alpha=0.3)
@@ -225,43 +225,22 @@ def thc_fig10(ctx: Context) -> list[Row]:
                        "NMSE at largest / smallest granularity", None, last / first,
                        verdict(last < first),
                        "claim: NMSE decreases as granularity grows ('more difficult to see'); "
-                       f"here {fmt(first)} → {fmt(last)}"))
+                       f"here {fmt(first, '.3g', 'n/a')} → {fmt(last, '.3g', 'n/a')}"))
         w_rows = [r for r in rows if r["sweep"] == "workers" and r["bits"] == b]
         ys = [r["nmse"] for r in w_rows]
         falls = all(y2 < y1 for y1, y2 in zip(ys, ys[1:]))
         out.append(Row(f"{b} bits, g={FIG10_WORKER_G[b]}, n {workers[0]}→{workers[-1]}",
                        "NMSE at most / fewest workers", None, ys[-1] / ys[0], verdict(falls),
                        "claim: NMSE falls as workers are added (unbiased estimates average); "
-                       f"monotone here: {falls} ({', '.join(fmt(y) for y in ys)})"))
+                       f"monotone here: {falls} ({', '.join(fmt(y, '.3g', 'n/a') for y in ys)})"))
     return out
 
 
 # -- training figures: shared pieces -------------------------------------------------------
 
-import copy  # noqa: E402  (kept beside the one class that needs it)
-import os  # noqa: E402
-
-import torch  # noqa: E402
-
-from repro.figures.deft import (  # noqa: E402
-    eval_key,
-    final_eval,
-    per_worker_split,
-    run_metrics,
-    series,
-)
-
 THC_TASK = "cifar100_resnet50"  # THC Section 8.3's workload (small model, stand-in images)
 THC_TRAIN_HARDWARE = ("simulated workers on one device (THC Section 8.3), ResNet-50 / "
                       "CIFAR-100, batch 128")
-
-
-def _steps_to(lines: list[dict[str, Any]], key: str, target: float) -> int | None:
-    xs, ys = series(lines, key)
-    for x, y in zip(xs, ys):  # evaluations are sparse (every 10 steps): no smoothing
-        if y >= target:
-            return x + 1
-    return None
 
 
 # -- Fig. 4: time-to-accuracy and throughput (projected) ------------------------------------
@@ -299,18 +278,20 @@ def thc_fig4(ctx: Context) -> list[Row]:
               f"task.batch_size={8 if ctx.smoke else 16}"]
     runs = {lab: ctx.train([*FIG4_RUNS[lab], *common, f"name={lab}-w{workers}"])[0]
             for lab in labels}
-    data = {lab: run_metrics(d) for lab, d in runs.items()}
-    key = eval_key(data["none"][1])
-    best_base = max(series(data["none"][0], key)[1] or [0.0])
+    data = {lab: load_run(d) for lab, d in runs.items()}
+    key = data["none"].eval_key
+    best_base = max(data["none"].series(key)[1] or [0.0])
     target = 0.9 * best_base  # the target: 90% of the best accuracy the baseline reached
     rows = []
     for lab in labels:
-        lines, summary = data[lab]
-        compute, compress, comm = per_worker_split(lines, workers)
-        step_s = compute + compress + comm
-        reach = _steps_to(lines, key, target) if best_base > 0 else None
+        run = data[lab]
+        split = run.mean_step_split()
+        compute, compress, comm = split.compute_s, split.compress_s, split.comm_s
+        step_s = split.total_s
+        # Evaluations are sparse (every 10 steps): the first one at the target, unsmoothed.
+        reach = run.steps_to(target) if best_base > 0 else None
         batch = 8 if ctx.smoke else 16
-        rows.append({"run": lab, "label": FIG4_LABELS[lab], "final_accuracy": final_eval(lines, summary),
+        rows.append({"run": lab, "label": FIG4_LABELS[lab], "final_accuracy": run.final_eval,
                      "target_accuracy": target, "steps_to_target": reach,
                      "projected_step_s": step_s, "projected_tta_s": None if reach is None else reach * step_s,
                      "projected_samples_per_s": batch * workers / step_s if step_s > 0 else None,
@@ -318,16 +299,15 @@ def thc_fig4(ctx: Context) -> list[Row]:
     ctx.write_csv("tta_throughput", rows)
     by = {r["run"]: r for r in rows}
 
-    pyplot = plt()
-    fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(11, 4))
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
     for lab in labels:
-        lines = data[lab][0]
-        xs, ys = series(lines, key)
+        xs, ys = data[lab].series(key)
         a1.plot([by[lab]["projected_step_s"] * (x + 1) for x in xs], ys, "o-", ms=3,
                 label=FIG4_LABELS[lab])
     a1.axhline(target, color="grey", ls="--", lw=1, label="target (90% of baseline best)")
     a1.set(xlabel="PROJECTED training time (s), 4 workers @ 100 Gbps",
-           ylabel=f"eval {data['none'][1].get('metric', 'accuracy')}")
+           ylabel=f"eval {data['none'].metric or 'accuracy'}")
     a1.legend(fontsize=7)
     a1.grid(alpha=0.3)
     a2.bar([FIG4_LABELS[lab].replace(" (", "\n(") for lab in labels],
@@ -413,26 +393,26 @@ def thc_fig8(ctx: Context) -> list[Row]:
                                       "compressor.params.p=0.015625", f"cluster.workers={n}",
                                       *common])[0]
         runs[(n, "none")] = ctx.train(["compressor=none", f"cluster.workers={n}", *common])[0]
-    data = {k: run_metrics(d) for k, d in runs.items()}
-    key = eval_key(data[(scales[0], "none")][1])
+    data = {k: load_run(d) for k, d in runs.items()}
+    key = data[(scales[0], "none")].eval_key
     rows = []
-    for (n, c), (lines, _) in data.items():
-        for line in lines:
+    for (n, c), run in data.items():
+        for line in run.metrics:
             if line.get(key) is not None or line.get("loss") is not None:
                 rows.append({"workers": n, "compressor": c, "step": line["step"],
                              "loss": line.get("loss"), key: line.get(key)})
     ctx.write_csv("accuracy", rows)
     # A target every THC run reaches: 90% of the lowest best accuracy among them.
-    bests = [max(series(data[(n, "thc")][0], key)[1] or [0.0]) for n in scales]
+    bests = [max(data[(n, "thc")].series(key)[1] or [0.0]) for n in scales]
     target = 0.9 * min(bests)
 
-    pyplot = plt()
-    fig, ax = pyplot.subplots(figsize=(6.5, 4.2))
-    cmap = pyplot.get_cmap("plasma")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    cmap = plt.get_cmap("plasma")
     for i, n in enumerate(scales):
         color = cmap(i / max(1, len(scales)))
         for c, ls in (("thc", "-"), ("none", ":")):
-            xs, ys = series(data[(n, c)][0], key)
+            xs, ys = data[(n, c)].series(key)
             bits, g = FIG8_CONFIG[n]
             label = f"THC b={bits} g={g}, {n} workers" if c == "thc" else f"no compression, {n} workers"
             ax.plot(xs, ys, ls, marker="o", ms=3, color=color, label=label)
@@ -450,14 +430,14 @@ def thc_fig8(ctx: Context) -> list[Row]:
     out: list[Row] = []
     reach = {}
     for n in scales:
-        t = final_eval(*data[(n, "thc")])
-        b = final_eval(*data[(n, "none")])
-        reach[n] = _steps_to(data[(n, "thc")][0], key, target)
+        t = data[(n, "thc")].final_eval
+        b = data[(n, "none")].final_eval
+        reach[n] = data[(n, "thc")].steps_to(target)
         ok = None if t is None or b is None else t >= b - 0.02
         out.append(Row(f"{n} workers", "final accuracy THC − no compression", 0.0,
                        None if ok is None else t - b, verdict(ok),
                        f"claim: THC reaches the uncompressed accuracy (checked: within 2 points); "
-                       f"THC {fmt(t)} vs {fmt(b)}; " + scale))
+                       f"THC {fmt(t, '.3g', 'n/a')} vs {fmt(b, '.3g', 'n/a')}; " + scale))
         out.append(Row(f"{n} workers", "steps to target accuracy (THC)",
                        ctx.reference_value(f"{n} workers", "steps to 95% train accuracy"),
                        reach[n], "not comparable",
@@ -483,89 +463,15 @@ FIG9_THC = ["compressor=thc", "compressor.params.granularity=20",
             "compressor.params.aggregation=ps"]
 
 
-class _ReplicaTrainer:
-    """The simulated trainer with one model REPLICA per worker (built lazily from
-    repro.train.SimulatedTrainer): worker r computes its gradient on replica r and steps
-    replica r with the aggregate IT received, so packets lost on the way back make the
-    replicas drift apart, as they do on a real cluster. Every `sync_every` steps (0: never)
-    the replicas' parameters and buffers are averaged: THC's per-epoch model
-    synchronisation. repro train's simulated mode keeps a single model (worker 0's
-    aggregate for everyone), i.e. it synchronises at every step."""
-
-    @staticmethod
-    def run(run_dir: str, sync_every: int) -> None:
-        from compressors import drive
-        from repro import config as config_mod
-        from repro.train import SimulatedTrainer
-
-        class Replicas(SimulatedTrainer):
-            def setup_optim(self) -> None:
-                super().setup_optim()
-                self.replicas = [self.model] + [copy.deepcopy(self.model)
-                                                for _ in range(self.world_size - 1)]
-                self.replica_opts = [self.optimizer] + [self.task.make_optimizer(m.parameters())
-                                                        for m in self.replicas[1:]]
-
-            def synchronise(self) -> None:
-                with torch.no_grad():
-                    states = [m.state_dict() for m in self.replicas]
-                    for name, t in states[0].items():
-                        if t.is_floating_point():
-                            mean = torch.stack([s[name] for s in states]).mean(0)
-                            for s in states:
-                                s[name].copy_(mean)
-
-            def exchange_step(self, batches) -> tuple[float, int]:
-                if sync_every and self.step and self.step % sync_every == 0:
-                    self.synchronise()
-                group = next(batches)
-                grads, losses = [], []
-                for model, batch in zip(self.replicas, group):
-                    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-                    for _, p in named:
-                        p.grad = None
-                    loss = self.task.loss(model, batch)
-                    loss.backward()
-                    losses.append(float(loss.detach()))
-                    grads.append([(n, p.grad) for n, p in named])
-                jobs, finishes = [], []
-                for comp, named in zip(self.compressions, grads):
-                    job, finish = comp.step_job(named, self.step)
-                    jobs.append(job)
-                    finishes.append(finish)
-                for finish, out in zip(finishes, drive(jobs)):
-                    finish(out)  # each replica's .grad now holds its own aggregate
-                clip = self.plan.global_clip
-                for model, opt in zip(self.replicas[1:], self.replica_opts[1:]):
-                    if clip:
-                        torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
-                    opt.step()  # replica 0 is stepped by the trainer's own loop
-                return sum(losses) / len(losses), self.task.batch_samples(group[0])
-
-        cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
-        torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
-        Replicas(run_dir).run()
-
-
 def _replica_run(ctx: Context, overrides: list[str], sync_every: int) -> str:
-    """A run of the replica trainer, planned and configured by the suite's launcher (same
-    config checks, run directory layout and DONE marker as `repro train`; a run whose
-    config changed is discarded and re-run, as the figure owns its runs folder)."""
-    from repro import config as config_mod
-    from repro import launch
-
-    args = [f"experiment={ctx.figure.experiment}", *overrides, f"runs_root={ctx.runs_root}",
-            f"group={ctx.figure.id}", *ctx.overrides]
-    planned = launch.plan(args, multirun=False, on_change="restart")[0]
-    if planned.changes:
-        launch.discard(planned)
-    ctx.say(f"[{launch.status(planned)}] {planned.run_dir} "
-            f"(replica per worker, sync every {sync_every or 'never'})")
-    if not planned.done:
-        os.makedirs(planned.run_dir, exist_ok=True)
-        config_mod.save(planned.cfg, os.path.join(planned.run_dir, "config.yaml"))
-        _ReplicaTrainer.run(planned.run_dir, sync_every)
-    return planned.run_dir
+    """A run of the replica trainer (cluster.mode=replicas, repro.train.ReplicaTrainer):
+    one model replica per worker, stepped with the aggregate that worker received, so
+    packets lost on the way back make the replicas drift apart as on a real cluster; the
+    replicas are averaged every `sync_every` steps (0: never), THC's per-epoch model
+    synchronisation. The simulated mode of the other runs keeps a single model, i.e. it
+    synchronises at every step."""
+    return ctx.train([*overrides, "cluster.mode=replicas", f"cluster.sync_every={sync_every}"],
+                     note=f"replica per worker, sync every {sync_every or 'never'}")[0]
 
 
 @figure(
@@ -600,20 +506,20 @@ def thc_fig9(ctx: Context) -> list[Row]:
     for k in ((1,) if ctx.smoke else (1, 2, 3)):
         runs[f"wait for {100 - 100 * k // n}% ({k} straggler{'s' if k > 1 else ''})"] = ctx.train(
             [*FIG9_THC, *common, f"compressor.params.stragglers={k}", f"name=thc-straggle{k}"])[0]
-    data = {lab: run_metrics(d) for lab, d in runs.items()}
-    key = eval_key(data["baseline"][1])
+    data = {lab: load_run(d) for lab, d in runs.items()}
+    key = data["baseline"].eval_key
     rows = []
-    for lab, (lines, _) in data.items():
-        for line in lines:
+    for lab, run in data.items():
+        for line in run.metrics:
             rows.append({"setting": lab, "step": line["step"], "loss": line.get("loss"),
                          key: line.get(key)})
     ctx.write_csv("resilience", rows)
 
-    pyplot = plt()
-    fig, (a1, a2) = pyplot.subplots(1, 2, figsize=(11, 4))
-    for lab, (lines, _) in data.items():
+    plt = pyplot()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for lab, run in data.items():
         ax = a2 if "straggler" in lab else a1
-        xs, ys = series(lines, key)
+        xs, ys = run.series(key)
         ax.plot(xs, ys, "o-" if lab != "baseline" else "k-", ms=3, label=lab)
         if lab == "baseline":
             a2.plot(xs, ys, "k-", label=lab)
@@ -631,18 +537,18 @@ def thc_fig9(ctx: Context) -> list[Row]:
     scale = (f"{steps} steps of a small ResNet-50 on stand-in data with {n} simulated workers "
              "(paper: ResNet-50/CIFAR-100 for many epochs; accuracy differences here are within "
              "a short run's noise)")
-    base = final_eval(*data["baseline"])
+    base = data["baseline"].final_eval
     out: list[Row] = []
     for rate in losses:
-        nosync = final_eval(*data[f"loss {rate:.1%}, no sync"])
-        sync = final_eval(*data[f"loss {rate:.1%}, sync every {sync_every}"])
+        nosync = data[f"loss {rate:.1%}, no sync"].final_eval
+        sync = data[f"loss {rate:.1%}, sync every {sync_every}"].final_eval
         drop_n = None if base is None or nosync is None else 100 * (base - nosync)
         drop_s = None if base is None or sync is None else 100 * (base - sync)
         pct = f"{rate:.1%}"
         out.append(Row(f"loss {pct}, no sync", "accuracy drop vs no loss (points)",
                        ctx.reference_value(f"loss {pct}, no sync", "train accuracy drop"), drop_n,
                        verdict(None if drop_n is None else drop_n > 1.0),
-                       f"claim: without synchronisation loss costs accuracy (checked: > 1 point); "
+                       "claim: without synchronisation loss costs accuracy (checked: > 1 point); "
                        + scale, "pt"))
         out.append(Row(f"loss {pct}, sync", "accuracy drop vs no loss (points)",
                        ctx.reference_value(f"loss {pct}, sync", "train accuracy drop"), drop_s,
@@ -650,7 +556,7 @@ def thc_fig9(ctx: Context) -> list[Row]:
                        "claim: synchronisation shrinks the drop (checked: smaller than without); "
                        + scale, "pt"))
     for lab in [x for x in data if "straggler" in x]:
-        acc = final_eval(*data[lab])
+        acc = data[lab].final_eval
         drop = None if base is None or acc is None else 100 * (base - acc)
         k = int(lab.split("(")[1].split()[0])
         limit = 2.0 if k == 1 else 8.0
