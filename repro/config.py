@@ -46,22 +46,76 @@ class CompressorConfig:
     efficiency_aware: bool = False
 
 
+def _open_mapping() -> DictConfig:
+    """An empty mapping that stays open to new keys when Hydra closes the config (struct
+    mode): task.hparams.KEY=VALUE adds a key beside the size blocks without a `+`, and a
+    misspelled key reaches `validate`, which names the task's own keys (a schema cannot:
+    they differ from task to task)."""
+    node = OmegaConf.create({})
+    OmegaConf.set_struct(node, False)
+    return node
+
+
 @dataclass
 class TaskConfig:
     name: str = "cifar10_resnet20"
     size: str = "smoke"  # smoke | paper
     data: str = "standin"  # standin | canonical
     data_root: Optional[str] = None
-    batch_size: Optional[int] = None  # per worker; null = the task's (paper) value
-    lr: Optional[float] = None  # null = the task's (paper) value
-    clip: Optional[float] = None  # gradient-norm clipping; null = the task's (paper) value
+    # The task's hyper-parameters, from conf/task/<name>.yaml: a `paper:` and a `smoke:`
+    # block. A key beside them overrides the run's size (task.hparams.momentum=0),
+    # task.hparams.paper.KEY=VALUE one size. Keys and ranges: tasks.hyperparams and the
+    # task class. Empty (a config written without it): the task file's values.
+    hparams: Any = field(default_factory=_open_mapping)
+    # Short forms of task.hparams.batch_size / lr / clip (null: not set).
+    batch_size: Optional[int] = None  # per worker
+    lr: Optional[float] = None
+    clip: Optional[float] = None  # gradient-norm clipping
+
+
+TASK_SHORT_FORMS = ("batch_size", "lr", "clip")
+
+
+def task_hparams(cfg: DictConfig) -> dict[str, Any]:
+    """What this run sets of its task's hyper-parameters, over the task file's values:
+    task.hparams for task.size (its block, the keys beside the blocks on top) and the short
+    forms task.batch_size / lr / clip, which must agree with a task.hparams key beside the
+    blocks where both are given."""
+    from tasks.hyperparams import for_size
+
+    node = cfg.task.get("hparams")
+    node = OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
+    values = for_size(node, cfg.task.size)
+    for key in TASK_SHORT_FORMS:
+        short = cfg.task.get(key)
+        if short is None:
+            continue
+        beside = node.get(key) if isinstance(node, dict) else None
+        if beside is not None and beside != short:
+            raise ValueError(
+                f"task.{key}={short} and task.hparams.{key}={beside} disagree: task.{key} is "
+                f"short for task.hparams.{key}; set one of them")
+        values[key] = short
+    return values
+
+
+def build_task(cfg: DictConfig):
+    """The run's task as every worker builds it: task_hparams(cfg) over the task file's
+    values, checked by the task."""
+    import tasks
+
+    return tasks.build_task(cfg.task.name, size=cfg.task.size, data=cfg.task.data,
+                            data_root=cfg.task.data_root, seed=cfg.seed,
+                            hparams=task_hparams(cfg))
 
 
 @dataclass
 class ClusterConfig:
     name: str = "local_cpu"
     # spawn: n local processes (gloo/NCCL); torchrun: an elastic launch (restarts);
-    # simulated: n gradient computations per step in one process (THC Sec. 8.3).
+    # simulated: n gradient computations per step in one process (THC Sec. 8.3);
+    # replicas: as simulated, but each worker keeps its own model replica and optimizer,
+    # stepped with the aggregate that worker received (THC Sec. 8.3's packet loss).
     mode: str = "spawn"
     workers: int = 2
     backend: str = "gloo"
@@ -74,6 +128,9 @@ class ClusterConfig:
     # Every N steps compare a checksum of every parameter across ranks and stop, naming
     # the first tensor that differs (0: never).
     replica_check_every: int = 0
+    # cluster.mode=replicas: average the replicas' parameters and buffers every N steps
+    # (THC's periodic model synchronisation; 0: never).
+    sync_every: int = 0
     # The cluster the measured step is projected onto (clearly labelled "projected").
     target_workers: int = 16
     bandwidth_gbps: float = 25.0
@@ -144,7 +201,12 @@ def validate(cfg: DictConfig) -> None:
                          "task's SGD momentum)")
     if cfg.task.clip is not None and not cfg.task.clip > 0:
         raise ValueError(f"task.clip={cfg.task.clip} must be > 0 (or null: the task's own)")
-    check_choice("cluster.mode", cfg.cluster.mode, ("spawn", "torchrun", "simulated"))
+    if cfg.task.lr is not None and not cfg.task.lr > 0:
+        raise ValueError(f"task.lr={cfg.task.lr} must be > 0 (or null: task.hparams.lr)")
+    if cfg.task.batch_size is not None and cfg.task.batch_size < 1:
+        raise ValueError(f"task.batch_size={cfg.task.batch_size} must be an integer >= 1 (per "
+                         "worker; or null: task.hparams.batch_size)")
+    check_choice("cluster.mode", cfg.cluster.mode, ("spawn", "torchrun", "simulated", "replicas"))
     check_choice("cluster.backend", cfg.cluster.backend, ("gloo", "nccl"))
     check_choice("task.size", cfg.task.size, ("smoke", "paper"))
     check_choice("task.data", cfg.task.data, ("standin", "canonical"))
@@ -152,6 +214,11 @@ def validate(cfg: DictConfig) -> None:
     check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
     check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)
     check_at_least("cluster.replica_check_every", cfg.cluster.replica_check_every, 0)
+    check_at_least("cluster.sync_every", cfg.cluster.sync_every, 0)
+    if cfg.cluster.sync_every and cfg.cluster.mode != "replicas":
+        raise ValueError(f"cluster.sync_every={cfg.cluster.sync_every} averages the model replicas "
+                         f"of cluster.mode=replicas, but cluster.mode={cfg.cluster.mode} keeps one "
+                         "model; set cluster.mode=replicas or cluster.sync_every=0")
     if not cfg.cluster.timeout_s > 0:
         raise ValueError(f"cluster.timeout_s={cfg.cluster.timeout_s} must be > 0 (seconds a "
                          "collective may wait for the other ranks)")
@@ -165,11 +232,11 @@ def validate(cfg: DictConfig) -> None:
 
         if not torch.cuda.is_available():
             raise ValueError(f"cluster.device={cfg.cluster.device!r} but no CUDA device is present; use cluster.device=cpu")
-    if cfg.cluster.mode == "simulated" and c.granularity == "bucket":
+    if cfg.cluster.mode in ("simulated", "replicas") and c.granularity == "bucket":
         raise ValueError("compressor.granularity=bucket needs DDP's buckets, which simulated "
                          "workers do not have; use compressor.granularity=layer or a real-rank "
                          "cluster (cluster.mode=spawn or torchrun)")
-    if not cfg.comm_hook and (c.name != "none" or cfg.cluster.mode == "simulated"):
+    if not cfg.comm_hook and (c.name != "none" or cfg.cluster.mode in ("simulated", "replicas")):
         raise ValueError("comm_hook=false (DDP's built-in allreduce) needs compressor=none and "
                          f"real ranks (cluster.mode=spawn or torchrun); got compressor={c.name}, "
                          f"cluster.mode={cfg.cluster.mode}")
@@ -217,12 +284,19 @@ def validate(cfg: DictConfig) -> None:
             f"task.data_root={cfg.task.data_root!r} does not exist; point it at the "
             f"dataset or use task.data=standin"
         )
-    # The task's constructor checks its data (canonical files present, stand-ins installed)
-    # and its arguments: build it here so a bad path fails before any worker starts.
+    # The task's constructor checks its data (canonical files present, stand-ins installed),
+    # its arguments and its hyper-parameters: build it here so a bad path or value fails
+    # before any worker starts. task.hparams is checked first as written, both size blocks
+    # and the keys beside them, so an error names the key the user typed.
+    from tasks.hyperparams import HParamError, check_mapping
+
     try:
-        task = tasks.build_task(cfg.task.name, size=cfg.task.size, data=cfg.task.data,
-                                data_root=cfg.task.data_root, batch_size=cfg.task.batch_size,
-                                seed=cfg.seed)
+        hparams = cfg.task.hparams
+        hparams = OmegaConf.to_container(hparams, resolve=True) if OmegaConf.is_config(hparams) else hparams
+        check_mapping(hparams, cfg.task.name, tasks.get_task_class(cfg.task.name).accepted_hparams())
+        task = build_task(cfg)
+    except HParamError as exc:
+        raise ValueError(f"task={cfg.task.name}: {exc.message('task.hparams.')}") from None
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"task={cfg.task.name} (task.data={cfg.task.data}, "
                                 f"task.data_root={cfg.task.data_root}): {exc}") from None

@@ -313,6 +313,10 @@ def launch(p: Planned) -> None:
         from repro.train import run_simulated
 
         run_simulated(p.run_dir)
+    elif mode == "replicas":
+        from repro.train import run_replicas
+
+        run_replicas(p.run_dir)
     elif mode == "spawn":
         spawn(p.run_dir, p.cfg.cluster.workers)
     else:

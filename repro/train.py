@@ -117,16 +117,9 @@ class Trainer:
         cfg = self.cfg
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
-        import tasks
-
-        self.task = tasks.build_task(
-            cfg.task.name, size=cfg.task.size, data=cfg.task.data, data_root=cfg.task.data_root,
-            batch_size=cfg.task.batch_size, seed=cfg.seed,
-        )
-        if cfg.task.lr is not None:
-            self.task.hparams["lr"] = float(cfg.task.lr)
-        if cfg.task.clip is not None:
-            self.task.hparams["clip"] = float(cfg.task.clip)
+        # task.hparams for the run's size and the short forms task.lr / batch_size / clip,
+        # over the task file's values (validated before launch)
+        self.task = config_mod.build_task(cfg)
         self.device = torch.device(cfg.cluster.device)
         self.model = self.task.build_model().to(self.device)
         self.network = network_of(cfg)
@@ -260,18 +253,43 @@ class Trainer:
         self.wall_offset = sd["wall_time"]
         self.best = sd["best"]
 
+    def checkpoint_files(self) -> list[str]:
+        """The files a checkpoint of this run must hold for this process to resume."""
+        return ["trainer.pt"]
+
     def latest_checkpoint(self) -> str | None:
-        pointer = os.path.join(self.ckpt_dir, "LATEST")
-        if not os.path.exists(pointer):
-            return None
-        with open(pointer) as f:
-            return os.path.join(self.ckpt_dir, f.read().strip())
+        """The newest complete, unaltered checkpoint made under this run's config (a bad
+        one is skipped with a warning naming the file: repro.checkpoints), or None. With
+        real ranks rank 0 decides and every rank resumes from the same one."""
+        from repro import checkpoints
+
+        path = None
+        if self.is_main:
+            path = checkpoints.find(self.ckpt_dir, checkpoints.config_hash(self.cfg),
+                                    self.checkpoint_files())
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            box = [path]
+            dist.broadcast_object_list(box, src=0)
+            path = box[0]
+        return path
 
     @staticmethod
     def atomic_save(obj: Any, path: str) -> None:
-        tmp = path + ".tmp"
-        torch.save(obj, tmp)
-        os.replace(tmp, path)
+        from repro import checkpoints
+
+        checkpoints.save(obj, path)
+
+    @staticmethod
+    def load_file(path: str) -> Any:
+        from repro import checkpoints
+
+        return checkpoints.load(path)
+
+    def publish_checkpoint(self, path: str) -> None:
+        """Seal a fully written checkpoint (its manifest) and point LATEST at it."""
+        from repro import checkpoints
+
+        checkpoints.finish(path, checkpoints.config_hash(self.cfg))
 
     # -- the loop ------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
@@ -477,12 +495,15 @@ class DDPTrainer(Trainer):
         dist.all_reduce(value)
         return float(value) / self.world_size, self.task.batch_samples(batch)
 
+    def checkpoint_files(self) -> list[str]:
+        return ["trainer.pt", *(f"rank{r}.pt" for r in range(self.world_size))]
+
     def resume(self) -> bool:
         path = self.latest_checkpoint()
         if path is None:
             return False
-        self.load_checkpoint_state(torch.load(os.path.join(path, "trainer.pt"), weights_only=False))
-        mine = torch.load(os.path.join(path, f"rank{self.rank}.pt"), weights_only=False)
+        self.load_checkpoint_state(self.load_file(os.path.join(path, "trainer.pt")))
+        mine = self.load_file(os.path.join(path, f"rank{self.rank}.pt"))
         self.compressions[0].load_state_dict(mine["compression"])
         set_rng(mine["rng"])
         return True
@@ -497,10 +518,8 @@ class DDPTrainer(Trainer):
         if self.is_main:
             self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
         dist.barrier()
-        if self.is_main:  # the pointer moves only once every rank's file is complete
-            with open(os.path.join(self.ckpt_dir, "LATEST.tmp"), "w") as f:
-                f.write(name)
-            os.replace(os.path.join(self.ckpt_dir, "LATEST.tmp"), os.path.join(self.ckpt_dir, "LATEST"))
+        if self.is_main:  # sealed only once every rank's file is complete
+            self.publish_checkpoint(path)
         dist.barrier()
 
 
@@ -579,12 +598,15 @@ class SimulatedTrainer(Trainer):
             total += l_
         return float(total) / self.world_size, self.task.batch_samples(group[0])
 
+    def checkpoint_files(self) -> list[str]:
+        return ["trainer.pt", "workers.pt"]
+
     def resume(self) -> bool:
         path = self.latest_checkpoint()
         if path is None:
             return False
-        self.load_checkpoint_state(torch.load(os.path.join(path, "trainer.pt"), weights_only=False))
-        workers = torch.load(os.path.join(path, "workers.pt"), weights_only=False)
+        self.load_checkpoint_state(self.load_file(os.path.join(path, "trainer.pt")))
+        workers = self.load_file(os.path.join(path, "workers.pt"))
         if len(workers) != self.world_size:
             raise ValueError(f"checkpoint {path} holds {len(workers)} simulated workers but "
                              f"cluster.workers={self.world_size}; restart the run (--restart)")
@@ -602,9 +624,108 @@ class SimulatedTrainer(Trainer):
                    for c, rng in zip(self.compressions, self.worker_rng)]
         self.atomic_save(workers, os.path.join(path, "workers.pt"))
         self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
-        with open(os.path.join(self.ckpt_dir, "LATEST.tmp"), "w") as f:
-            f.write(name)
-        os.replace(os.path.join(self.ckpt_dir, "LATEST.tmp"), os.path.join(self.ckpt_dir, "LATEST"))
+        self.publish_checkpoint(path)
+
+
+class ReplicaTrainer(SimulatedTrainer):
+    """n simulated workers in one process, each with its own model replica and optimizer
+    (cluster.mode=replicas).
+
+    Worker r computes its gradient on replica r and steps replica r with the aggregate its
+    own compression protocol decoded, so whatever makes the workers' aggregates differ
+    (THC's packets lost on the way back) makes the replicas drift apart, as on a real
+    cluster. Every cluster.sync_every steps (0: never) the replicas' floating-point
+    parameters and buffers are averaged, before that step's forward: THC's periodic model
+    synchronisation. Replica 0 is the trainer's own model, the one the loop in `run`
+    clips, steps, schedules, evaluates and checkpoints; the others are stepped here, each
+    with an optimizer and schedule built as replica 0's. Unlike SimulatedTrainer's
+    workers, each replica keeps its own buffers (BatchNorm statistics), and the workers'
+    forward passes draw from this process's one random stream in turn."""
+
+    def setup_optim(self) -> None:
+        import copy
+
+        super().setup_optim()
+        self.sync_every = int(self.cfg.cluster.sync_every)
+        self.replicas = [self.model] + [copy.deepcopy(self.model)
+                                        for _ in range(self.world_size - 1)]
+        own = self.model, self.optimizer, self.scheduler
+        self.replica_optimizers = [self.optimizer]
+        self.replica_schedulers = [self.scheduler]
+        for replica in self.replicas[1:]:
+            self.model = replica  # Trainer.setup_optim builds for self.model
+            super().setup_optim()
+            self.replica_optimizers.append(self.optimizer)
+            self.replica_schedulers.append(self.scheduler)
+        self.model, self.optimizer, self.scheduler = own
+
+    def synchronise(self) -> None:
+        """Every floating-point parameter and buffer set to its mean over the replicas
+        (integer buffers, e.g. BatchNorm's step count, are left as they are)."""
+        with torch.no_grad():
+            states = [m.state_dict() for m in self.replicas]
+            for name, tensor in states[0].items():
+                if tensor.is_floating_point():
+                    mean = torch.stack([s[name] for s in states]).mean(0)
+                    for s in states:
+                        s[name].copy_(mean)
+
+    def exchange_step(self, batches) -> tuple[float, int]:
+        if self.sync_every and self.step and self.step % self.sync_every == 0:
+            self.synchronise()
+        group = next(batches)
+        grads, losses = [], []
+        for rank, (model, batch) in enumerate(zip(self.replicas, group)):
+            named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+            for _, p in named:
+                p.grad = None
+            loss = poisoned(self.task.loss(model, batch), self.step, rank)
+            loss.backward()
+            losses.append(float(loss.detach()))
+            grads.append([(n, p.grad) for n, p in named])
+        step = self.compression_step()
+        jobs, finishes = [], []
+        for comp, named in zip(self.compressions, grads):
+            job, finish = comp.step_job(named, step)
+            jobs.append(job)
+            finishes.append(finish)
+        for finish, out in zip(finishes, drive(jobs)):
+            finish(out)  # sets each replica's .grad to its own worker's aggregate
+        if not getattr(self.compressions[0], "skipped", False):
+            for model, opt, sched in zip(self.replicas[1:], self.replica_optimizers[1:],
+                                         self.replica_schedulers[1:]):
+                if self.plan.global_clip:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), self.plan.global_clip)
+                opt.step()
+                if sched is not None:
+                    sched.step()
+        return sum(losses) / len(losses), self.task.batch_samples(group[0])
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        state = super().checkpoint_state()
+        state["replicas"] = [
+            {"model": m.state_dict(), "optimizer": o.state_dict(),
+             "scheduler": s.state_dict() if s is not None else None}
+            for m, o, s in zip(self.replicas[1:], self.replica_optimizers[1:],
+                               self.replica_schedulers[1:])]
+        return state
+
+    def load_checkpoint_state(self, sd: dict[str, Any]) -> None:
+        super().load_checkpoint_state(sd)
+        if len(sd["replicas"]) != len(self.replicas) - 1:
+            raise ValueError(f"checkpoint holds {len(sd['replicas']) + 1} replicas but "
+                             f"cluster.workers={self.world_size}; restart the run (--restart)")
+        for m, o, s, saved in zip(self.replicas[1:], self.replica_optimizers[1:],
+                                  self.replica_schedulers[1:], sd["replicas"]):
+            m.load_state_dict(saved["model"])
+            o.load_state_dict(saved["optimizer"])
+            if s is not None and saved["scheduler"] is not None:
+                s.load_state_dict(saved["scheduler"])
+
+    def save_checkpoint(self) -> None:
+        # Every worker's pass draws from this process's stream: that is each one's state.
+        self.worker_rng = [get_rng()] * self.world_size
+        super().save_checkpoint()
 
 
 def init_distributed(cfg, rank: int | None = None, world_size: int | None = None,
@@ -737,3 +858,10 @@ def run_simulated(run_dir: str) -> dict[str, Any]:
     cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
     torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
     return SimulatedTrainer(run_dir).run()
+
+
+def run_replicas(run_dir: str) -> dict[str, Any]:
+    """Entry point of cluster.mode=replicas (ReplicaTrainer) in this process."""
+    cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
+    torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
+    return ReplicaTrainer(run_dir).run()

@@ -1,0 +1,189 @@
+"""Checkpoints that survive a kill: every file written whole or not at all, a manifest
+that proves a checkpoint complete and made by this run's config, and a reader that
+refuses a bad one (naming the file) and falls back to the previous good one.
+
+    RUN_DIR/checkpoints/step_00000040/{trainer.pt, rank0.pt, ..., MANIFEST.json}
+    RUN_DIR/checkpoints/LATEST            the name of the newest complete checkpoint
+
+A checkpoint is complete once its MANIFEST.json exists: written last, after every file
+of it is on disk, it names each file with its SHA-256 and the hash of the run's config.
+Files are loaded with torch.load(weights_only=True): only tensors, plain containers and
+the suite's own state classes (SAFE_CLASSES) are accepted, never arbitrary pickles.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+import warnings
+from typing import Any
+
+import torch
+
+MANIFEST = "MANIFEST.json"
+POINTER = "LATEST"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class BadCheckpoint(ValueError):
+    """A checkpoint that is incomplete, corrupt, or made by another config."""
+
+
+def fsync_dir(path: str) -> None:
+    """Make a rename inside `path` durable (where the platform allows it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def save(obj: Any, path: str) -> None:
+    """torch.save into a temp file beside `path`, fsync, rename: `path` holds the old
+    file or the new one, never a part of one; the temp file is removed on failure."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def write_text(path: str, text: str) -> None:
+    """A small text file, atomically (temp file, fsync, rename)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+    fsync_dir(directory)
+
+
+def sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def config_hash(cfg) -> str:
+    """SHA-256 of the run's resolved config, without the keys that cannot change its
+    results (repro.launch.RESULT_NEUTRAL_KEYS: where the run lives, how progress shows)."""
+    from omegaconf import OmegaConf
+
+    from repro.launch import RESULT_NEUTRAL_KEYS
+
+    data = OmegaConf.to_container(cfg, resolve=True)
+
+    def strip(node: Any, prefix: str = "") -> Any:
+        if not isinstance(node, dict):
+            return node
+        return {k: strip(v, f"{prefix}{k}.") for k, v in sorted(node.items())
+                if f"{prefix}{k}" not in RESULT_NEUTRAL_KEYS}
+
+    text = json.dumps(strip(data), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def finish(step_dir: str, cfg_hash: str) -> None:
+    """Write step_dir's MANIFEST.json (every other file with its SHA-256, and the config
+    hash), then point LATEST at step_dir: call once every file of it is saved."""
+    files = sorted(f for f in os.listdir(step_dir)
+                   if f != MANIFEST and not f.endswith(".tmp")
+                   and os.path.isfile(os.path.join(step_dir, f)))
+    manifest = {"config_hash": cfg_hash,
+                "files": {f: sha256(os.path.join(step_dir, f)) for f in files}}
+    write_text(os.path.join(step_dir, MANIFEST), json.dumps(manifest, indent=1, sort_keys=True))
+    root = os.path.dirname(os.path.abspath(step_dir))
+    write_text(os.path.join(root, POINTER), os.path.basename(step_dir))
+
+
+def check(step_dir: str, cfg_hash: str, needed: list[str]) -> None:
+    """Raise BadCheckpoint naming the file and the reason, unless step_dir is complete,
+    unaltered and made under this config, and holds every file in `needed`."""
+    path = os.path.join(step_dir, MANIFEST)
+    if not os.path.exists(path):
+        raise BadCheckpoint(f"{path} is missing: the checkpoint was not finished (the process "
+                            "stopped while writing it)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        files, saved_hash = manifest["files"], manifest["config_hash"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BadCheckpoint(f"{path} is unreadable ({exc})") from None
+    if saved_hash != cfg_hash:
+        raise BadCheckpoint(f"{step_dir} was made by another config (hash {saved_hash[:12]} vs "
+                            f"this run's {cfg_hash[:12]}); restart the run (--restart)")
+    for name in needed:
+        if name not in files:
+            raise BadCheckpoint(f"{os.path.join(step_dir, name)} is not part of this "
+                                "checkpoint (another number of ranks or workers?)")
+    for name, digest in files.items():
+        file = os.path.join(step_dir, name)
+        if not os.path.exists(file):
+            raise BadCheckpoint(f"{file} is missing")
+        if sha256(file) != digest:
+            raise BadCheckpoint(f"{file} does not match its checksum in {MANIFEST}: it was "
+                                "altered or truncated")
+
+
+def find(ckpt_dir: str, cfg_hash: str, needed: list[str]) -> str | None:
+    """The newest valid checkpoint directory, or None. Each newer one that fails check()
+    is reported in a warning naming the file, and the previous one is tried."""
+    if not os.path.isdir(ckpt_dir):
+        return None
+    steps = sorted((d for d in os.listdir(ckpt_dir) if _STEP_DIR.match(d)), reverse=True)
+    for name in steps:
+        step_dir = os.path.join(ckpt_dir, name)
+        try:
+            check(step_dir, cfg_hash, needed)
+        except BadCheckpoint as exc:
+            warnings.warn(f"skipping checkpoint: {exc}", RuntimeWarning, stacklevel=2)
+            continue
+        return step_dir
+    return None
+
+
+def safe_classes() -> list[type]:
+    """The suite's own classes that may appear in a checkpoint's state (compressor caches,
+    LR schedules), allowed to torch.load(weights_only=True)."""
+    from compressors.base import Segment
+    from compressors.deft import Partitioning
+    from compressors.powersgd import _Group, _Plan
+    from compressors.quantize import Groups
+    from tasks.base import _Schedule
+
+    return [Segment, Partitioning, _Group, _Plan, Groups, _Schedule]
+
+
+def load(path: str) -> Any:
+    """torch.load(weights_only=True) of a checkpoint file: tensors, containers, numbers,
+    strings and SAFE classes only; anything else is refused (BadCheckpoint names the file)."""
+    try:
+        with torch.serialization.safe_globals(safe_classes()):
+            return torch.load(path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
+        raise BadCheckpoint(f"{path} cannot be loaded safely: {str(exc).splitlines()[0]}") from exc
