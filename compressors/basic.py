@@ -68,6 +68,15 @@ class HalfPrecision(Compressor):
         if ctx.world_size > 1:
             half.div_(ctx.world_size)
         total = yield AllReduce(half)
+        low, high = torch.aminmax(total)  # (a reduction: no full-size temporary; NaN and
+        # ±Inf show in the extremes) every worker holds the same total: all refuse together
+        if not (bool(torch.isfinite(low)) and bool(torch.isfinite(high))):
+            limit = torch.finfo(wire_dtype).max
+            raise ValueError(
+                f"gradient {ctx.name!r} has values beyond {self.dtype}'s range (±{limit:.5g}) "
+                f"once averaged over {ctx.world_size} worker(s): its {self.dtype} wire "
+                "overflowed to Inf. Use fp16 with dtype=bfloat16 (float32's range), scale "
+                "the loss down, or clip gradients")
         out = ctx.destination(acc.numel(), acc.dtype, acc.device)
         # (a copy even where acc is 16-bit: total is the wire, which the next step rewrites)
         aggregate = total.to(acc.dtype, copy=True) if out is None else out.copy_(total)

@@ -208,6 +208,11 @@ class Dragonn(Compressor):
                 f"memory_factor={memory_factor!r} must be a positive number: the memory "
                 "holds memory_factor·k slots (the authors use 4)"
             )
+        if memory_factor * self.ratio > 1:
+            raise ValueError(
+                f"memory_factor={memory_factor!r} with ratio={self.ratio!r}: the memory would "
+                "hold more slots (memory_factor·k) than the tensor has elements (k/ratio); "
+                f"use memory_factor ≤ 1/ratio = {1 / self.ratio:g} (the authors use 4)")
         self.memory_factor = memory_factor
         self.sample_ratio, self.min_sample_top = check_sampling(sample_ratio, min_sample_top)
 

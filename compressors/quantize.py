@@ -205,6 +205,14 @@ class Groups:
         """Per-group ‖x‖₁ or ‖x‖₂ (`order` 1 or 2) in `dtype`, shape (count,): the
         reduction kernel reads x once, with no |x| or x² tensor, for one group and for
         equal widths; ragged groups reduce a full-size |x| or x² by segment_reduce."""
+        out = self._norm(x, order, dtype)
+        if dtype == torch.float32 and not bool(torch.isfinite(out).all()):
+            # Σ|x| or Σx² of finite values overflowed float32 (values near its range):
+            # float64 holds them; the caller scales or casts the result back.
+            return self._norm(x, order, torch.float64)
+        return out
+
+    def _norm(self, x: torch.Tensor, order: int, dtype: torch.dtype) -> torch.Tensor:
         if self.count == 1:
             return torch.linalg.vector_norm(x, order, dtype=dtype).reshape(1)
         if self.width is not None:
@@ -376,7 +384,8 @@ class EFSignSGD(Compressor):
         numel = acc.numel()
         work = _work_dtype(acc.dtype)
         groups = _groups(ctx, acc)
-        scales = (groups.norm(acc, 1, work) / groups.sizes.to(work)).float()
+        norms = groups.norm(acc, 1, work)  # (float64 where float32 would overflow)
+        scales = (norms / groups.sizes.to(norms.dtype)).float()
         packed = pack_signs(acc)
         all_signs, all_scales = yield (AllGather(packed), AllGather(scales))
 
@@ -470,7 +479,8 @@ class QSGD(Compressor):
         groups = _groups(ctx, acc, self.bucket_size)
         norms = groups.norm(x, 2, work)
         # s/‖v‖ per bucket; an all-zero bucket quantizes to zeros instead of 0/0.
-        inv = torch.where(norms > 0, self.levels / norms.clamp_min(torch.finfo(work).tiny), 0.0)
+        inv = torch.where(norms > 0, self.levels / norms.clamp_min(torch.finfo(work).tiny),
+                          0.0).to(work)
         # s·|v_i|/‖v‖ ∈ [0, s], rounded stochastically to an integer level, signed
         # the levels in a room kept per tensor (the wire, and error feedback's at the end of
         # the step: Context.room)
@@ -541,7 +551,8 @@ class TernGrad(Compressor):
         groups = _groups(ctx, acc)
         bound = None  # per tensor: |g| is clipped to cσ
         if self.clip is not None:
-            rms = groups.norm(x, 2, work) / groups.sizes.to(work).sqrt()
+            norms = groups.norm(x, 2, work)  # (float64 where float32 would overflow)
+            rms = (norms / groups.sizes.to(norms.dtype).sqrt()).to(work)
             bound = rms * self.clip
         # The scaler max_i min(|g_i|, cσ) is min(max_i |g_i|, cσ): no clipped copy of g.
         scaler = groups.abs_max(x)

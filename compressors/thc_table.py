@@ -66,6 +66,11 @@ STANDARD_P = (1 / 32, 1 / 64, 1 / 512, 1 / 1024)
 STANDARD_MAX_GRANULARITY = 51
 
 
+# The largest granularity g accepted: the table search holds (g + 1)² interval costs
+# (g = 4096: 134 MB of float64), and a sum of n table values ≤ n·g must fit the wire.
+MAX_GRANULARITY = 4096
+
+
 def check_config(bits: int, granularity: int, p: float) -> None:
     """Refuse what has no table, naming the fix."""
     if isinstance(bits, bool) or not isinstance(bits, int) or not 1 <= bits <= 8:
@@ -82,6 +87,12 @@ def check_config(bits: int, granularity: int, p: float) -> None:
             f"granularity={granularity} is below 2^bits − 1 = {levels - 1}: {levels} strictly "
             f"increasing table values need at least {levels} grid points; raise granularity "
             "or lower bits"
+        )
+    if granularity > MAX_GRANULARITY:
+        raise ValueError(
+            f"granularity={granularity} is above {MAX_GRANULARITY}: the optimal table's "
+            "search scores (g + 1)² intervals, and the workers' sums of table values must fit "
+            "an integer wire (the paper uses g ≤ 38); lower granularity"
         )
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 < float(p) < 1.0:
         raise ValueError(
