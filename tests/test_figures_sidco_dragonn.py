@@ -8,13 +8,18 @@ import json
 import numpy as np
 import pytest
 
-from repro.figures._sidco_dragonn import claim_row, load_run, quality_per_time, smooth
+from repro.figures.common import claim_row, smooth
+from repro.figures.sidco import quality_per_time
+from repro.runs import load_run
 
 
 def test_smooth_is_a_running_mean():
     assert np.allclose(smooth([1, 3, 5, 7], 2), [1, 2, 4, 6])
     assert np.allclose(smooth([2.0], 10), [2.0])
     assert smooth([], 3).size == 0
+    values = np.random.default_rng(0).lognormal(size=40)
+    trailing = [values[max(0, i - 4): i + 1].mean() for i in range(40)]
+    assert np.allclose(smooth(values, 5), trailing, rtol=1e-12)
 
 
 def _fake_run(tmp_path, workers=4, step_s=2.0, compress_s=0.1, comm_s=0.05):
@@ -39,11 +44,12 @@ def _fake_run(tmp_path, workers=4, step_s=2.0, compress_s=0.1, comm_s=0.05):
 
 
 def test_projection_counts_one_workers_compute(tmp_path):
-    r = load_run(_fake_run(tmp_path), skip_steps=1)
+    r = load_run(_fake_run(tmp_path))
+    p = r.projection(skip_steps=1)
     # per-worker compute (2.0 − 4·0.1)/4 = 0.4, + own compression 0.1 + projected comm 0.05
-    assert r.projected_step_s == pytest.approx(0.55)
-    assert r.per_worker_samples == pytest.approx(16)
-    assert r.projected_samples_per_s == pytest.approx(16 * 8 / 0.55)
+    assert p.step_s == pytest.approx(0.55)
+    assert p.per_worker_samples == pytest.approx(16)
+    assert p.samples_per_s == pytest.approx(16 * 8 / 0.55)
     assert r.k_ratio_stats()[0] == pytest.approx(1.1)
     assert r.eval_curve == [(3, 0.5)] and r.steps_to(0.5) == 3 and r.steps_to(0.6) is None
     assert quality_per_time(r) == pytest.approx(0.5 / (3 * 0.55))
