@@ -28,6 +28,7 @@ import secrets
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -136,7 +137,11 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
     path = os.path.join(run_dir, METRICS_FILE)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{run_dir} is not a run directory: {METRICS_FILE} is missing")
-    return parse_metrics(path)[0]
+    records, torn = parse_metrics(path)
+    if torn:
+        warnings.warn(f"{path}: the last line is incomplete (the writer was stopped while "
+                      "writing it) and was left out", RuntimeWarning, stacklevel=2)
+    return records
 
 
 def read_summary(run_dir: str) -> dict[str, Any] | None:
