@@ -208,18 +208,14 @@ class Dragonn(Compressor):
                 f"memory_factor={memory_factor!r} must be a positive number: the memory "
                 "holds memory_factor·k slots (the authors use 4)"
             )
-        if memory_factor * self.ratio > 1:
-            raise ValueError(
-                f"memory_factor={memory_factor!r} with ratio={self.ratio!r}: the memory would "
-                "hold more slots (memory_factor·k) than the tensor has elements (k/ratio); "
-                f"use memory_factor ≤ 1/ratio = {1 / self.ratio:g} (the authors use 4)")
         self.memory_factor = memory_factor
         self.sample_ratio, self.min_sample_top = check_sampling(sample_ratio, min_sample_top)
 
     def memory_size(self, numel: int) -> int:
-        """m = ⌈memory_factor·k⌉ slots, k = ⌊d·δ⌋."""
+        """m = ⌈memory_factor·k⌉ slots, k = ⌊d·δ⌋, at most d (more slots than elements
+        could never fill: at large δ or memory_factor the memory is the tensor's size)."""
         k = target_k(numel, self.ratio)
-        return max(1, math.ceil(self.memory_factor * k * (1 - 1e-12)))
+        return max(1, min(numel, math.ceil(self.memory_factor * k * (1 - 1e-12))))
 
     def sent_elements(self, numel: int) -> int:
         return self.memory_size(numel)

@@ -360,7 +360,8 @@ def test_one_element_tensor():
     for value in (0.0, -2.0):
         outs = SimulatedGroup(Dragonn(), 2, seed=0).step([torch.tensor([value])] * 2)
         assert outs[0].aggregate.tolist() == [value]
-        assert outs[0].bytes_sent == 4 * (4 + 4)
+        # m = min(4·k, d) = 1 slot: (index, value) of 4 + 4 bytes
+        assert outs[0].bytes_sent == 1 * (4 + 4)
 
 
 # ---------------------------------------------------------------- parameters
