@@ -497,7 +497,13 @@ class WorkerCompression:
 
 
 class CompressionHookState(WorkerCompression):
-    """The DDP hook's state: this rank's WorkerCompression plus process group and step."""
+    """The DDP hook's state: this rank's WorkerCompression plus process group and step.
+
+    It may be built before torch.distributed is initialised (PyTorch Lightning creates
+    the process group inside `fit`, after the strategy got its hook and state): the
+    arguments are checked at once, and the rank, world size and process group are
+    resolved at the first hook call (or at any call that needs them), as PyTorch's own
+    PowerSGDState does."""
 
     def __init__(
         self,
@@ -514,40 +520,73 @@ class CompressionHookState(WorkerCompression):
         local_clip: Optional[float] = None,
         nonfinite: str = "error",
     ):
-        if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialised: call init_process_group first")
         names = {}
         if model is not None:
             names = {id(p): n.removeprefix("module.") for n, p in model.named_parameters()}
-        if selector is not None and dist.get_world_size(process_group) > 1:
-            # One decision for all ranks: rank 0's profile (each rank's own would put the
-            # size cut-off in a different place, and the ranks' collectives would differ).
-            box = [selector]
-            src = 0 if process_group is None else dist.get_global_rank(process_group, 0)
-            dist.broadcast_object_list(box, src=src, group=process_group)
-            selector = box[0]
-        super().__init__(
-            compressor, dist.get_rank(process_group), dist.get_world_size(process_group),
+        self._arguments = dict(
             feedback=feedback, seed=seed, selector=selector, min_numel=min_numel,
             measure=measure, check_finite=check_finite, names=names,
-            granularity=granularity, local_clip=local_clip, nonfinite=nonfinite,
-        )
+            granularity=granularity, local_clip=local_clip, nonfinite=nonfinite)
+        # Checked now, with a placeholder group of one: a bad argument fails at once.
+        super().__init__(compressor, 0, 1, **self._arguments)
         self.process_group = process_group
         self.step = 0
+        self.resolved = False
+        self._pending_state: Optional[dict[str, Any]] = None
         # Buckets held until the step's last one arrives (deferred exchanges):
         # (named gradients, bucket buffer, the Future DDP got for it).
         self._held: list[tuple[list, torch.Tensor, torch.futures.Future]] = []
+        if dist.is_initialized():
+            self.resolve()
+
+    def resolve(self) -> None:
+        """Take this rank's place in the process group (once; a collective when a
+        selector is given: every rank must resolve)."""
+        if self.resolved:
+            return
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "torch.distributed is not initialised: the compression hook runs inside "
+                "DistributedDataParallel, after init_process_group (Lightning and Accelerate "
+                "initialise it before the first backward)")
+        group = self.process_group
+        args = dict(self._arguments)
+        selector = args["selector"]
+        if selector is not None and dist.get_world_size(group) > 1:
+            # One decision for all ranks: rank 0's profile (each rank's own would put the
+            # size cut-off in a different place, and the ranks' collectives would differ).
+            box = [selector]
+            src = 0 if group is None else dist.get_global_rank(group, 0)
+            dist.broadcast_object_list(box, src=src, group=group)
+            args["selector"] = box[0]
+        step = self.step
+        WorkerCompression.__init__(self, self.compressor, dist.get_rank(group),
+                                   dist.get_world_size(group), **args)
+        self.step = step
+        self.resolved = True
+        if self._pending_state is not None:
+            pending, self._pending_state = self._pending_state, None
+            self.load_state_dict(pending)
 
     def state_dict(self) -> dict[str, Any]:
+        if self._pending_state is not None:
+            return self._pending_state
         return {"step": self.step, **super().state_dict()}
 
     def load_state_dict(self, sd: dict[str, Any]) -> None:
+        if not self.resolved and not dist.is_initialized():
+            self._pending_state = sd  # applied once the rank is known
+            self.step = sd["step"]
+            return
+        self.resolve()
         self.step = sd["step"]
         super().load_state_dict(sd)
 
 
 def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: compress, exchange, and return the averaged bucket."""
+    if not state.resolved:
+        state.resolve()
     buffer = bucket.buffer()
     step = state.step
     last = bucket.is_last()

@@ -805,12 +805,25 @@ class Heartbeat:
         return out
 
     def stopped(self) -> list[int]:
-        """The ranks whose heartbeat does not move over a few periods (this one aside)."""
+        """The ranks whose heartbeat does not move over a few periods (this one aside),
+        leaving out those that, like this one, are stopping because of the failure (they
+        say so in the store first, so their heartbeat ending does not count)."""
+        try:
+            self.store.set(f"gradcomp/leaving/{self.rank}", "1")
+        except Exception:  # noqa: BLE001 - the store's host is gone: nothing to say
+            pass
         first = self.read()
         time.sleep(2.5 * self.period)
         second = self.read()
         return [r for r in range(self.world_size)
-                if r != self.rank and (second[r] is None or second[r] == first[r])]
+                if r != self.rank and (second[r] is None or second[r] == first[r])
+                and not self._leaving(r)]
+
+    def _leaving(self, rank: int) -> bool:
+        try:
+            return self.store.check([f"gradcomp/leaving/{rank}"])
+        except Exception:  # noqa: BLE001
+            return False
 
 
 def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = None,

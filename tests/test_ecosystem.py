@@ -1,0 +1,159 @@
+"""The hook where users already train: PyTorch Lightning's DDPStrategy and Hugging Face
+Accelerate, each on 2 gloo ranks, with the hook state built before the process group
+exists (as both frameworks require), the gradients exchanged through it, and the ranks'
+models identical afterwards."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.distributed
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _data(rank: int):
+    g = torch.Generator().manual_seed(rank)
+    x = torch.randn(64, 8, generator=g)
+    return x, x @ torch.arange(8.0).unsqueeze(1) + 0.1 * torch.randn(64, 1, generator=g)
+
+
+# -- Lightning ---------------------------------------------------------------------------------
+
+try:  # module-level classes: Lightning's spawn launcher pickles them into the ranks
+    import lightning.pytorch as pl
+except ImportError:
+    pl = None
+
+if pl is not None:
+    class Regression(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(),
+                                           torch.nn.Linear(16, 1))
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.net(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.05)
+
+        def train_dataloader(self):
+            x, y = _data(self.global_rank)
+            return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                               batch_size=16)
+
+    class Report(pl.Callback):
+        """Rank 0 saves whether the ranks' parameters are identical and how many tensor
+        exchanges this rank's hook state recorded."""
+
+        def __init__(self, path: str, state):
+            self.path, self.state = path, state
+
+        def on_train_end(self, trainer, module):
+            import torch.distributed as dist
+
+            params = torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+            every = [torch.empty_like(params) for _ in range(dist.get_world_size())]
+            dist.all_gather(every, params)
+            if trainer.global_rank == 0:
+                # this rank's (unpickled) copy of the state is the one that ran
+                state = next(c for c in trainer.callbacks if hasattr(c, "hook")).state
+                torch.save({"identical": all(torch.equal(e, every[0]) for e in every),
+                            "exchanges": len(state.pop_records()),
+                            "resolved": state.resolved, "world": state.world_size},
+                           self.path)
+
+
+def test_lightning_ddp_strategy_runs_the_hook(tmp_path):
+    if pl is None:
+        pytest.skip("the lightning extra is not installed")
+    from lightning.pytorch.strategies import DDPStrategy
+
+    import repro.hooks
+
+    from repro.integrations import CompressionCallback
+
+    module = Regression()
+    # Built before Lightning creates the process group (inside fit): resolved at first use.
+    state, hook = repro.hooks.make("topk", ratio=0.25, model=module, measure=True)
+    # The strategy registers a comm hook only on CUDA; the callback does it on any device.
+    strategy = DDPStrategy(process_group_backend="gloo", ddp_comm_state=state,
+                           ddp_comm_hook=hook, start_method="spawn")
+    results = tmp_path / "result.pt"
+    compression = CompressionCallback(state, hook)
+    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path),
+                         callbacks=[compression, Report(str(results), state)])
+    trainer.fit(module)
+    out = torch.load(results, weights_only=True)
+    assert out["resolved"] and out["world"] == 2
+    assert out["identical"]
+    assert out["exchanges"] > 0  # the gradients went through our hook
+
+
+# -- Accelerate --------------------------------------------------------------------------------
+
+def _accelerate_rank(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    from accelerate import Accelerator
+
+    import repro.hooks
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    state, hook = repro.hooks.make("dgc", ratio=0.25, model=model, measure=True)
+    accelerator = Accelerator(cpu=True)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ddp, opt = accelerator.prepare(model, opt)
+    ddp.register_comm_hook(state, hook)
+    x, y = _data(rank)
+    for i in range(0, 64, 16):
+        opt.zero_grad()
+        accelerator.backward(torch.nn.functional.mse_loss(ddp(x[i:i + 16]), y[i:i + 16]))
+        opt.step()
+    import torch.distributed as dist
+
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    every = [torch.empty_like(params) for _ in range(world)]
+    dist.all_gather(every, params)
+    torch.save({"identical": all(torch.equal(e, every[0]) for e in every),
+                "exchanges": len(state.pop_records()), "world": accelerator.num_processes},
+               os.path.join(out_dir, f"{rank}.pt"))
+
+
+def test_accelerate_prepared_model_runs_the_hook(tmp_path):
+    pytest.importorskip("accelerate", reason="the accelerate extra is not installed")
+    import torch.multiprocessing as mp
+
+    port = _free_port()
+    mp.start_processes(_accelerate_rank, args=(2, port, str(tmp_path)), nprocs=2, join=True,
+                       start_method="spawn")
+    for rank in range(2):
+        out = torch.load(tmp_path / f"{rank}.pt", weights_only=True)
+        assert out["world"] == 2 and out["identical"] and out["exchanges"] > 0
+
+
+def test_hook_state_built_before_the_process_group_checks_its_arguments_at_once():
+    import repro.hooks
+
+    state, _ = repro.hooks.make("topk", ratio=0.1)
+    assert not state.resolved
+    with pytest.raises(ValueError, match="granularity='layer' is refused"):
+        repro.hooks.make("deft", granularity="layer")
+    with pytest.raises(ValueError, match="nonfinite"):
+        repro.hooks.make("topk", nonfinite="ignore")
+    with pytest.raises(RuntimeError, match="not initialised"):
+        state.resolve()
