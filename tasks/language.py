@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks import data as D
+from tasks import hf_data
 from tasks.base import Task, _mix, model_device, perplexity, register_task
 from tasks.hyperparams import HParam, choice, count, flag, fraction
 
@@ -70,8 +71,40 @@ class _LSTMTask(Task):
         "eval_split": choice("valid", "test"),  # default: test
     }
 
+    # data="hf": the Hub set's splits as the task's train/valid/test, one line per row of
+    # the column `hf_text` (the rows are the lines of the canonical text files).
+    hf_splits: ClassVar[dict[str, str] | None] = {
+        "train": "train",
+        "valid": "validation",
+        "test": "test",
+    }
+    hf_text: ClassVar[str] = "text"
+
     def corpus(self) -> D.Corpus:
         raise NotImplementedError
+
+    def _hf_corpus(self) -> D.Corpus:
+        """The corpus of the Hugging Face data set: every row of the text column is a line,
+        split on whitespace with "<eos>" appended (tasks.data.tokenize_lines, the canonical
+        loader's convention), the split into words cached by datasets' map."""
+        dd = hf_data.task_dataset(self)
+        column = self.hf_text
+
+        def words(batch):
+            return {"words": [line.split() + ["<eos>"] for line in batch[column]]}
+
+        def make():
+            splits = {}
+            for ours, theirs in self.hf_splits.items():
+                ds = hf_data.mapped(
+                    dd[theirs], words, f"words-{column}-v1", remove_columns=dd[theirs].column_names
+                )
+                table = ds.data.column("words").combine_chunks()
+                splits[ours] = table.flatten().to_pylist()
+            return D.Corpus(splits)
+
+        key = ("lm-hf", self.name, self.hf_source, self.data_root)
+        return D.memo(key, make)
 
     @property
     def vocab_size(self) -> int:
@@ -167,14 +200,34 @@ class PTBLSTM(_LSTMTask):
         66_034_000  # 10k vocab: embedding 15M + 2 LSTM layers 36.024M + decoder 15.01M
     )
     paper_vocab = 10_000
+    hf_text = "sentence"
+    hf_columns = ("sentence",)
+    # The Hub's ptb_text_only is a loading script, which datasets 4 and later do not run.
+    hf_hint = (
+        "If load_dataset refuses the data set's loading script (datasets >= 4 runs none), "
+        "add revision='refs/convert/parquet' (the Hub's parquet export; task.hf.revision) "
+        "or use data='canonical' with ptb.train/valid/test.txt"
+    )
 
     def __init__(
-        self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0, hparams=None
+        self,
+        size="smoke",
+        data="standin",
+        data_root=None,
+        batch_size=None,
+        seed=0,
+        hparams=None,
+        hf=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams)
+        super().__init__(size, data, data_root, batch_size, seed, hparams, hf)
         if data == "canonical":
             D.load_word_corpus(data_root, "ptb")
             self.data_source = "Penn Treebank (ptb.train/valid/test.txt)"
+        elif data == "hf":
+            hf_data.task_dataset(self)
+            self.data_source = (
+                f"Penn Treebank, {hf_data.describe(self)} (train; validation and test)"
+            )
         elif D.shared_ptb_dir() is not None:
             self.data_source = (
                 "Penn Treebank, real splits: trained on ptb.valid.txt, evaluated on "
@@ -189,6 +242,8 @@ class PTBLSTM(_LSTMTask):
     def corpus(self):
         if self.data == "canonical":
             return D.load_word_corpus(self.data_root, "ptb")
+        if self.data == "hf":
+            return self._hf_corpus()
         shared = D.shared_ptb_dir()
         return D.load_ptb_valid_test(shared) if shared is not None else D.shakespeare_corpus("ptb")
 
@@ -212,14 +267,26 @@ class WikiText2LSTM(_LSTMTask):
     paper = "DEFT (Yoon & Oh, ICPP 2023), Table 2: LSTM / WikiText-2"
     paper_param_count = None  # DEFT gives none; ours with the 33,278-word vocabulary: 31,819,578
     paper_vocab = 33_278  # WikiText-2's vocabulary size, <eos> included
+    hf_text = "text"
+    hf_columns = ("text",)
 
     def __init__(
-        self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0, hparams=None
+        self,
+        size="smoke",
+        data="standin",
+        data_root=None,
+        batch_size=None,
+        seed=0,
+        hparams=None,
+        hf=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams)
+        super().__init__(size, data, data_root, batch_size, seed, hparams, hf)
         if data == "canonical":
             D.load_word_corpus(data_root, "wikitext2")
             self.data_source = "WikiText-2 (wiki.train/valid/test.tokens)"
+        elif data == "hf":
+            hf_data.task_dataset(self)
+            self.data_source = f"WikiText-2, {hf_data.describe(self)} (train; validation and test)"
         else:
             D.shakespeare_archive()
             self.data_source = (
@@ -230,6 +297,8 @@ class WikiText2LSTM(_LSTMTask):
     def corpus(self):
         if self.data == "canonical":
             return D.load_word_corpus(self.data_root, "wikitext2")
+        if self.data == "hf":
+            return self._hf_corpus()
         return D.shakespeare_corpus("wikitext")
 
     def paper_target(self):

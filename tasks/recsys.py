@@ -127,6 +127,10 @@ class MovieLensNCF(Task):
         ),
     }
     paper_param_count = None  # DEFT gives none; ML-20M (138,493 users, 26,744 items): 31,832,577
+    hf_unavailable = (
+        "GroupLens publishes MovieLens only as its own zip files and its licence forbids "
+        "redistribution without permission; the Hub's copies are unofficial re-uploads"
+    )
 
     def __init__(
         self,

