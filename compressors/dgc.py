@@ -187,8 +187,10 @@ class DGC(Sparsifier):
         self.max_overselect = float(max_overselect)
 
     def overselect_limit(self, k: int) -> int:
-        """Most elements kept without re-top-k: ⌊max_overselect·k⌋."""
-        return max(k, math.floor(self.max_overselect * k * (1 + 1e-12)))
+        """Most elements kept without re-top-k: ⌊max_overselect·k⌋ (a limit past 2^62
+        means never: more elements than any tensor holds)."""
+        limit = self.max_overselect * k * (1 + 1e-12)
+        return max(k, math.floor(min(limit, 2.0**62)))
 
     def select_with_stats(
         self, acc: torch.Tensor, k: int, ctx: Context

@@ -2,24 +2,37 @@
 sparsity-inducing distribution, multi-stage peak-over-threshold fitting, and adaptive
 stage count (sidco.txt, Algorithm 1, Section 2.4, Appendix B.3).
 
-Per step, on a = |acc| / ||acc||₂:
-  stage 1   fit the chosen distribution to all of a and take its (1 − δ₁) quantile η₁;
-  stage m   fit the exceedances over η_{m−1} (shifted by η_{m−1}) and take their
-            (1 − δ_m) quantile: η_m = η_{m−1} + F⁻¹(1 − δ_m);
-  select    {i : a_i ≥ η_M} on the full tensor, in one pass.
-With M stages, δ₁ = first_stage_ratio and δ_m = (δ/δ₁)^(1/(M−1)), so ∏ δ_m = δ; one stage
-(δ₁ unused) when M = 1 or δ ≥ δ₁. Only the survivors of a stage feed the next: after the
-first they are a fraction δ₁ of the tensor, then fewer.
+Per step, on a = |acc| / ||acc||₂ with d elements, n₀ of them nonzero, and k = δ·d wanted
+(a real number, not the rounded target), M stages:
+  stage 1   fit the chosen distribution to the n₀ nonzero magnitudes only and take its
+            (1 − δ₁') quantile η₁. Among the nonzeros the fraction wanted is ρ = k/n₀:
+            ρ ≥ 1 keeps every nonzero (η₁ = the smallest |x| > 0, no later stage);
+            M = 1 or ρ ≥ δ₁ is one stage at δ₁' = ρ; else δ₁' = δ₁ = first_stage_ratio;
+  stage m   the pool is what exceeds η_{m−1}, p elements. If p ≤ k (none, or no more than
+            wanted) the stages stop and η_{m−1} stays; else fit the exceedances (shifted
+            by η_{m−1}) at δ_m = (k/p)^(1/(M − m + 1)), the k still wanted over the pool's
+            real size spread over the stages left: η_m = η_{m−1} + F⁻¹(1 − δ_m);
+  select    {i : a_i ≥ η_last} on the full tensor, in one pass.
+Why: gradients with many exact zeros (embedding rows no batch touched, sparse features:
+90–99% zeros) break the paper's fixed schedule δ_m = (δ/δ₁)^(1/(M−1)). The zeros drag the
+first fit's scale down, so stage 1 keeps far fewer than δ₁ of the nonzeros, and the fixed
+later ratios still multiply to δ/δ₁ whatever stage 1 kept: k̂/k falls to 0.04–0.6 at any M,
+where stage adaptation cannot help. Left out of the fit, the zeros move no threshold, and
+ratios set from each pool's real size let every later stage make up for what the stages
+before it kept too many or too few. On a tensor without zeros whose fits are right
+(p ≈ δ₁·d) the ratios are the paper's: ρ = δ and δ_m ≈ (δ/δ₁)^(1/(M−1)). Only the survivors of a stage feed the
+next: after the first they are a fraction δ₁ of the nonzeros, then fewer.
 
 Every Q = adapt_interval steps the mean k̂/k of those steps moves M (per tensor, per
 worker, kept in ctx.state): above 1 + ε_H → M − 1, below 1 − ε_L → M + 1, clamped to
 [1, max_stages] (Algorithm 1, Adapt_Stages).
 
-Fits (all scale-equivariant, so thresholds on a and on |acc| differ only by the norm):
-  exponential   η = t + mean(y)·ln(1/δ)                        y = exceedances − t
+Fits (all scale-equivariant, so thresholds on a and on |acc| differ only by the norm;
+each quantile is written with L = ln(1/δ_m)):
+  exponential   η = t + mean(y)·L                                 y = exceedances − t
   gen. Pareto   α = ½(1 − μ²/σ²), β = ½μ(μ²/σ² + 1) (moment matching on y; σ² is the
                 variance, as Appendix B.3 derives — Algorithm 1 misprints σ),
-                η = t + (β/α)(δ^(−α) − 1), the exponential limit as α → 0
+                η = t + (β/α)(e^(αL) − 1), the exponential limit as α → 0
   gamma         s = ln mean(a) − mean(ln a), α = (3 − s + √((s − 3)² + 24s)) / (12s),
                 β = mean(a)/α, η = β·P⁻¹(α, 1 − δ) with the exact inverse regularised
                 incomplete gamma (scipy, on two scalars; Eq. 14, not the α ≤ 1 bound 15)
@@ -83,6 +96,7 @@ _POINT_MASS_CV2 = 1e-10
 _POINT_MASS_S = 1e-6
 
 
+
 def default_max_stages(ratio: float) -> int:
     """⌈log₂(1/δ)⌉ (at least 1), the clamp of the authors' code: with more stages the later
     per-stage ratios exceed ~½, each stage's fit moves the threshold little while its
@@ -100,16 +114,31 @@ def default_initial_stages(ratio: float, first_stage_ratio: float) -> int:
 
 
 def stage_ratios(ratio: float, first_stage_ratio: float, stages: int) -> list[float]:
-    """δ_1..δ_M with ∏ δ_m = δ: [δ] for one stage, else [δ₁, r, ..., r], r = (δ/δ₁)^(1/(M−1))."""
+    """The nominal δ_1..δ_M, ∏ δ_m = δ: what the stages keep of their inputs on a tensor
+    without zeros whose fits are right ([δ] for one stage, else [δ₁, r, ..., r] with
+    r = (δ/δ₁)^(1/(M−1))). The stages fit at ratios set per step from the counts
+    (_SIDCo._first_stage, later_stage_log); these size the device path's buffers, which a
+    tensor with zeros fills less."""
     if stages <= 1 or ratio >= first_stage_ratio:
         return [ratio]
     later = (ratio / first_stage_ratio) ** (1.0 / (stages - 1))
     return [first_stage_ratio] + [later] * (stages - 1)
 
 
-def exponential_quantile(mean_excess: float, ratio: float) -> float:
-    """(1 − δ) quantile of an exponential with mean `mean_excess` (Corollaries 1.1, 2.1)."""
-    return mean_excess * -math.log(ratio)
+def later_stage_log(pool: int, wanted: float, left: int) -> float | None:
+    """L = ln(1/δ_m) of a later stage whose pool holds `pool` elements, with `left` stages
+    to go (this one included) and `wanted` = δ·d: δ_m = (wanted/pool)^(1/left), written
+    as L = ln(pool/wanted)/left (the device kernels compute the same expression). None
+    when the pool holds no more than is wanted: the stages stop there."""
+    if pool <= wanted:
+        return None
+    return math.log(pool / wanted) / left
+
+
+def exponential_quantile(mean_excess: float, tail_log: float) -> float:
+    """(1 − δ) quantile of an exponential with mean `mean_excess`, L = ln(1/δ) given
+    (Corollaries 1.1, 2.1)."""
+    return mean_excess * tail_log
 
 
 def gpareto_parameters(mean: float, var: float) -> tuple[float, float]:
@@ -119,13 +148,13 @@ def gpareto_parameters(mean: float, var: float) -> tuple[float, float]:
     return 0.5 * (1.0 - r), 0.5 * mean * (r + 1.0)
 
 
-def gpareto_quantile(alpha: float, beta: float, ratio: float) -> float:
-    """(1 − δ) quantile of GP(α, β) at location 0: (β/α)(δ^(−α) − 1) (Eq. 7 / 28), written
-    with expm1 so it tends smoothly to the exponential β·ln(1/δ) as α → 0."""
-    x = -alpha * math.log(ratio)
+def gpareto_quantile(alpha: float, beta: float, tail_log: float) -> float:
+    """(1 − δ) quantile of GP(α, β) at location 0, L = ln(1/δ) given: (β/α)(δ^(−α) − 1)
+    (Eq. 7 / 28), written with expm1 so it tends smoothly to the exponential β·L as
+    α → 0."""
     if abs(alpha) < 1e-12:
-        return beta * -math.log(ratio)
-    return beta * math.expm1(x) / alpha
+        return beta * tail_log
+    return beta * math.expm1(alpha * tail_log) / alpha
 
 
 def gamma_parameters(mean: float, mean_log: float) -> tuple[float, float]:
@@ -143,6 +172,15 @@ def gamma_quantile(alpha: float, beta: float, ratio: float) -> float:
     from scipy.special import gammainccinv  # lazy: `import compressors` stays light
 
     return beta * float(gammainccinv(alpha, ratio))
+
+
+class _FirstStage(NamedTuple):
+    """Stage 1's schedule for one step (_SIDCo._first_stage): its ratio among the nonzeros,
+    L = ln(1/ratio), and whether it is the only stage."""
+
+    ratio: float
+    tail_log: float
+    single: bool
 
 
 class _SIDCo(ThresholdSparsifier):
@@ -187,84 +225,106 @@ class _SIDCo(ThresholdSparsifier):
                 f"initial_stages={initial_stages} exceeds max_stages={self.max_stages}; "
                 "raise max_stages or start with fewer stages")
 
+    # -- the schedule ------------------------------------------------------------------
+
+    def _first_stage(self, numel: int, nonzeros: int, stages: int) -> _FirstStage | None:
+        """Stage 1 of a step with `stages` stages on `numel` elements, `nonzeros` (≥ 1) of
+        them nonzero: the fraction of the nonzeros wanted is ρ = δ·(d/n₀) (exactly δ
+        without zeros); None when ρ ≥ 1 (every nonzero is kept)."""
+        rho = self.ratio * (numel / nonzeros)
+        if rho >= 1.0:
+            return None
+        if stages == 1 or rho >= self.first_stage_ratio:
+            return _FirstStage(rho, -math.log(rho), True)
+        first = self.first_stage_ratio
+        return _FirstStage(first, -math.log(first), False)
+
+    def _schedule(self, stages: int) -> tuple[int, float]:
+        """What identifies a step's schedule (the speculation's history is kept per one)."""
+        return stages, self.first_stage_ratio
+
+    def _reported_stages(self, stages: int) -> int:
+        """Outcome.extra["stages"]: the stage count M in use (adaptation's), 1 where
+        δ ≥ δ₁ (then every step has one stage). A step may end its stages earlier (ρ ≥ δ₁,
+        or a pool holding no more than k)."""
+        return 1 if self.ratio >= self.first_stage_ratio else stages
+
     # -- one stage's threshold --------------------------------------------------------
 
-    def _first_threshold(self, mag: torch.Tensor, mean: float, ratio: float) -> float:
-        """Stage 1: fit all of the magnitudes (location 0)."""
+    def _first_threshold(self, mag: torch.Tensor, nonzeros: int,
+                         plan: _FirstStage | None) -> float:
+        """Stage 1: fit the nonzero magnitudes (location 0), `nonzeros` of them, at the
+        plan's ratio; their smallest where every nonzero is kept (plan None)."""
+        positive = mag if nonzeros == mag.numel() else mag[mag > 0]
+        if plan is None:
+            return float(positive.min())
+        mean = float(positive.sum(dtype=torch.float64)) / nonzeros
         if self.first_fit == "exponential":
-            return exponential_quantile(mean, ratio)
+            return exponential_quantile(mean, plan.tail_log)
         if self.first_fit == "gpareto":
-            mean, var = mean_and_variance(mag, mean)
-            return self._gpareto_threshold(lambda: float(mag.min()), 0.0, mean, var, ratio)
-        numel = mag.numel()
-        nonzeros = int(torch.count_nonzero(mag))
-        positive = mag if nonzeros == numel else torch.where(mag > 0, mag, 1.0)  # ln 1 = 0
+            mean, var = mean_and_variance(positive, mean)
+            return self._gpareto_threshold(lambda: float(positive.min()), 0.0, mean, var,
+                                           plan.tail_log)
         mean_log = float(torch.log(positive.to(torch.float64)).sum()) / nonzeros
-        return self._gamma_threshold(
-            numel, nonzeros, mean, mean_log, ratio,
-            lambda: float(torch.where(mag > 0, mag, math.inf).min()))
+        return self._gamma_threshold(mean, mean_log, plan.ratio,
+                                     lambda: float(positive.min()))
 
-    def _later_threshold(self, pool: torch.Tensor, t: float, ratio: float) -> float:
+    def _later_threshold(self, pool: torch.Tensor, t: float, tail_log: float) -> float:
         """Stage m ≥ 2: fit the exceedances y = pool − t of the previous threshold t."""
         # Shifted first (in float64): the exceedances' variance is then not a small
         # difference of large second moments.
         excess = pool.to(torch.float64) - t
         if self.later_fit == "exponential":
-            return t + exponential_quantile(float(excess.sum()) / pool.numel(), ratio)
+            return t + exponential_quantile(float(excess.sum()) / pool.numel(), tail_log)
         mean, var = mean_and_variance(excess)
-        return self._gpareto_threshold(lambda: float(pool.min()), t, mean, var, ratio)
+        return self._gpareto_threshold(lambda: float(pool.min()), t, mean, var, tail_log)
 
     @staticmethod
     def _gpareto_threshold(pool_min, t: float, mean: float, var: float,
-                           ratio: float) -> float:
+                           tail_log: float) -> float:
         """`pool_min()`: the smallest fitted magnitude (asked for only at a point mass)."""
         if not var > _POINT_MASS_CV2 * mean * mean:
             # Point mass (all exceedances equal): the GP limit puts every quantile at the
             # point; take the smallest element so ties are kept despite rounding.
             return pool_min()
         alpha, beta = gpareto_parameters(mean, var)
-        return t + gpareto_quantile(alpha, beta, ratio)
+        return t + gpareto_quantile(alpha, beta, tail_log)
 
     @staticmethod
-    def _gamma_threshold(numel: int, nonzeros: int, mean: float, mean_log: float,
-                         ratio: float, min_positive) -> float:
-        """Gamma first stage from the mean of all magnitudes and the mean log of the
-        nonzero ones; `min_positive()` is asked for only in the degenerate cases."""
-        # The gamma model lives on (0, ∞): exact zeros are left out of the fit and the
-        # quantile is taken at the ratio that, among the nonzeros, keeps δ·d elements.
-        mean_pos = mean if nonzeros == numel else mean * numel / nonzeros
-        ratio_pos = ratio * numel / nonzeros
-        s = math.log(mean_pos) - mean_log
-        if ratio_pos >= 1.0 or not s > _POINT_MASS_S:
-            # Keep every nonzero: the ratio asks for at least all of them, or they are
-            # (numerically) one value, where the fit's limit is a point mass.
+    def _gamma_threshold(mean: float, mean_log: float, ratio: float, min_positive) -> float:
+        """Gamma first stage from the mean and the mean log of the nonzero magnitudes (the
+        gamma model lives on (0, ∞)); `min_positive()` is asked for only at a point mass."""
+        s = math.log(mean) - mean_log
+        if not s > _POINT_MASS_S:
+            # The nonzeros are (numerically) one value: the fit's limit is a point mass at
+            # it; keep all of them.
             return min_positive()
-        alpha, beta = gamma_parameters(mean_pos, mean_log)
-        return gamma_quantile(alpha, beta, ratio_pos)
+        alpha, beta = gamma_parameters(mean, mean_log)
+        return gamma_quantile(alpha, beta, ratio)
 
     # -- the step ---------------------------------------------------------------------
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
         state = ctx.state
         stages = state.get("stages", self.initial_stages)
-        ratios = stage_ratios(self.ratio, self.first_stage_ratio, stages)
-        found = self._select_native(acc, ratios, ctx, k) if use_native(acc) else None
+        found = self._select_native(acc, stages, ctx, k) if use_native(acc) else None
         if found is None:
-            found = (*self._select_reference(acc, ratios), None)
+            found = (*self._select_reference(acc, stages), None)
         # kept only once the first read of acc has passed (ctx.check_finite: nothing is
         # written before a NaN/Inf is found)
         state["stages"] = stages
         indices, threshold, state["speculated"] = found  # (the native path's diagnostic)
+        reported = self._reported_stages(stages)
         if indices is None:  # all zero: nothing to send, and no information for adaptation
-            self.report(ctx, stages=len(ratios), threshold=0.0)
+            self.report(ctx, stages=reported, threshold=0.0)
             return empty_indices(acc.device)
-        self.report(ctx, stages=len(ratios), threshold=threshold)
+        self.report(ctx, stages=reported, threshold=threshold)
         if self.adaptive and self.ratio < self.first_stage_ratio:
             chosen = indices.indices if isinstance(indices, Selected) else indices
             self._adapt(state, chosen.numel() / k)
         return indices
 
-    def _select_reference(self, acc: torch.Tensor, ratios: list[float]):
+    def _select_reference(self, acc: torch.Tensor, stages: int):
         """Pure torch: (indices, threshold in |acc| units), or (None, 0) if all zero."""
         mag = magnitudes(acc)
         mean = mean_abs(mag)
@@ -274,33 +334,42 @@ class _SIDCo(ThresholdSparsifier):
         # on |acc| (rescaled only where second moments would under/overflow) and the
         # threshold is converted back to |acc| units for the report.
         scale, mean = rescale_for_moments(mag, mean)
-        threshold = self._first_threshold(mag, mean, ratios[0])
-        pool = mag
-        for ratio in ratios[1:]:
-            pool = pool[pool > threshold]
-            if pool.numel() == 0:  # nothing exceeds: later stages have nothing to fit
-                break
-            threshold = self._later_threshold(pool, threshold, ratio)
+        numel = mag.numel()
+        nonzeros = int(torch.count_nonzero(mag))
+        plan = self._first_stage(numel, nonzeros, stages)
+        threshold = self._first_threshold(mag, nonzeros, plan)
+        if plan is not None and not plan.single:
+            wanted = self.ratio * numel
+            pool = mag
+            for stage in range(1, stages):
+                pool = pool[pool > threshold]
+                tail_log = later_stage_log(pool.numel(), wanted, stages - stage)
+                if tail_log is None:  # no more than wanted exceeds: the stages stop
+                    break
+                threshold = self._later_threshold(pool, threshold, tail_log)
         return nonzero_indices(mag >= threshold), threshold * scale
 
-    def _select_native(self, acc: torch.Tensor, ratios: list[float], ctx: Context,
-                       k: int):
+    def _select_native(self, acc: torch.Tensor, stages: int, ctx: Context, k: int):
         """The native path: on CUDA the stages with their thresholds kept on the device
         (_select_device) where that path passed its check on this device, else driven from
         the host (_select_host)."""
         if acc.device.type == "cuda" and _device_stages_usable(acc.device, self):
-            return self._select_device(acc, ratios, ctx, k)
-        return self._select_host(acc, ratios, ctx, k)
+            return self._select_device(acc, stages, ctx, k)
+        return self._select_host(acc, stages, ctx, k)
 
-    def _select_device(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int,
+    def _select_device(self, acc: torch.Tensor, stages: int, ctx: Context, k: int,
                        speculate: bool = True):
         """_select_host's stages with no host synchronisation between them
-        (compressors/_native/gpu_sidco.py): the same fits, compactions (COMPACT_BELOW)
-        and final selection, the thresholds fitted on the device, one copy to the host at
-        the end. SIDCo-P's gamma stage is fitted on the host (scipy), its later ones on the
-        device. What the device path flags (a GP fit under cancellation or at a point mass,
-        a pool past its buffer, a final threshold not above its pool's) is redone by
-        _select_host: the same selection either way.
+        (compressors/_native/gpu_sidco.py): the same fits, schedule, compactions
+        (COMPACT_BELOW) and final selection, the thresholds fitted on the device, one
+        copy to the host at the end. Stage 1's schedule (ρ from the nonzeros counted by
+        the first read) and each later stage's ratio (from its pool's count) are decided
+        on the device; a stage that stops leaves the threshold and the stop on the board
+        for the stages after it. SIDCo-P's gamma stage is fitted on the host (scipy), its
+        later ones on the device. What the device path flags (a GP fit under
+        cancellation or at a point mass, every nonzero kept, a pool past its buffer, a
+        final threshold not above its pool's) is redone by _select_host: the same
+        selection either way.
 
         When the previous steps' thresholds are known (as for _select_host's speculative
         read), the first read of acc also keeps the elements near the guessed first
@@ -310,21 +379,26 @@ class _SIDCo(ThresholdSparsifier):
         the step is redone without it. Returns what _select_host does."""
         from compressors._native import gpu_sidco as dev  # noqa: PLC0415 (imports triton)
 
-        # pools sized from the shares expected to pass, times `room`: doubled for later
-        # steps (up to DEVICE_ROOM_MAX) each time one outgrew its buffer
+        # pools sized from the shares expected to pass (the nominal schedule's: a tensor
+        # with zeros passes fewer), times `room`: doubled for later steps (up to
+        # DEVICE_ROOM_MAX) each time one outgrew its buffer
         room = ctx.state.get("device_room", DEVICE_ROOM)
+        nominal = stage_ratios(self.ratio, self.first_stage_ratio, stages)
+        wanted = self.ratio * acc.numel()
         bounds = None
         if speculate and acc.numel() < dev.SPEC_LIMIT:
-            bounds = self._speculation_bounds(ratios, ctx)
-        last = len(ratios) - 1
-        stages = dev.Stages(acc, len(ratios) + (bounds is not None), room)
+            bounds = self._speculation_bounds(stages, ctx)
+        last = stages - 1
+        board = dev.Stages(acc, stages + (bounds is not None), room)
         gp = self.later_fit != "exponential"
         spec = None
         if bounds is not None:
-            spec = stages.speculate(*bounds, pa_slot=last + 1,
-                                    squares=self.first_fit == "gpareto", mid_squares=gp,
-                                    logs=self.first_fit == "gamma",
-                                    **_speculation_shares(ratios))
+            spec = board.speculate(*bounds, pa_slot=last + 1,
+                                   squares=self.first_fit == "gpareto", mid_squares=gp,
+                                   logs=self.first_fit == "gamma",
+                                   **_speculation_shares(nominal))
+        # one stage known on the host: δ ≥ δ₁ (so ρ ≥ δ₁), or from the gamma stage's fit
+        one_stage = self.ratio >= self.first_stage_ratio
         if self.first_fit == "gamma":
             if spec is None:
                 st = _native.stats(acc, logs=True)
@@ -336,28 +410,37 @@ class _SIDCo(ThresholdSparsifier):
                 return None, 0.0, None
             if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
                 return None
-            stages.set(0, self._first_threshold_native(acc, st, ratios[0]))
+            plan = self._first_stage(st.count, st.nonzero, stages)
+            board.set(0, self._first_threshold_native(acc, st, plan))
+            one_stage = one_stage or plan is None or plan.single
         else:
-            stages.first(gp=self.first_fit == "gpareto", ratio=ratios[0], spec=spec)
-        if spec is None:
-            src, base, base_slot, after = stages.source(), None, 0, 1
-            share = ratios[0] * ratios[1] if len(ratios) > 1 else 1.0
-        else:  # stage 2 from the read; the later ones from its pool (|x| > pool_above)
-            stages.second_from(spec, gp=gp, ratio=ratios[1])
-            src, base, base_slot, after, share = spec.pool, spec.pool, last + 1, 2, 1.0
-        for slot, ratio in enumerate(ratios[after:], start=after):
-            above = True
-            if slot >= 2 and (base is None or share <= COMPACT_BELOW):
-                src = stages.compact(src, slot - 1, share)
-                base, base_slot, above, share = src, slot - 1, False, 1.0
-            stages.later(src, slot - 1, slot, above=above, gp=gp, ratio=ratio)
-            if slot >= 2:
-                share *= ratio
-        if base is None:  # one or two stages: from acc, about k of it
-            out = stages.final(src, last, None, 0, cap=math.ceil(room * k) + 4096)
+            board.first(gp=self.first_fit == "gpareto", ratio=self.ratio,
+                        first_ratio=self.first_stage_ratio, stages=stages, spec=spec)
+        if one_stage or stages == 1:
+            out = board.final(board.source(), 0, None, 0, cap=math.ceil(room * k) + 4096)
+            last = 0
+            base = None
         else:
-            out = stages.final(src, last, base, base_slot)
-        flags, total, thresholds = stages.read()
+            if spec is None:
+                src, base, base_slot, after = board.source(), None, 0, 1
+                share = nominal[0] * nominal[1]
+            else:  # stage 2 from the read; the later ones from its pool (|x| > pool_above)
+                board.second_from(spec, gp=gp, wanted=wanted, left=stages - 1)
+                src, base, base_slot, after, share = spec.pool, spec.pool, last + 1, 2, 1.0
+            for slot in range(after, stages):
+                above = True
+                if slot >= 2 and (base is None or share <= COMPACT_BELOW):
+                    src = board.compact(src, slot - 1, share)
+                    base, base_slot, above, share = src, slot - 1, False, 1.0
+                board.later(src, slot - 1, slot, above=above, gp=gp, wanted=wanted,
+                            left=stages - slot)
+                if slot >= 2:
+                    share *= nominal[slot]
+            if base is None:  # two stages: from acc, about k of it
+                out = board.final(src, last, None, 0, cap=math.ceil(room * k) + 4096)
+            else:
+                out = board.final(src, last, base, base_slot)
+        flags, total, thresholds = board.read()
         if flags & dev.FLAG_NONFINITE and ctx.check_finite:
             raise _native.NonFinite("the tensor holds NaN or Inf")
         if flags & dev.FLAG_ZERO:
@@ -365,102 +448,121 @@ class _SIDCo(ThresholdSparsifier):
         if flags & dev.FLAG_UNSAFE:
             return None
         if flags & dev.FLAG_MISS:
-            # The guess did not hold: the step again without it (what overflowed here may
-            # be the later pools at thresholds fitted from an incomplete window: the redo
-            # sizes its own buffers), and no speculation on the next step either.
-            found = self._select_device(acc, ratios, ctx, k, speculate=False)
+            # The guess did not hold (or stage 1 chose a single stage, or stage 2 stopped:
+            # the pool read then holds too little): the step again without it (what
+            # overflowed here may be the later pools at thresholds fitted from an
+            # incomplete window: the redo sizes its own buffers), and no speculation on
+            # the next step either.
+            found = self._select_device(acc, stages, ctx, k, speculate=False)
             ctx.state["speculation"]["would_hold"] = False  # (the redo's _remember set it)
             return found if found is None else (*found[:2], False)
         hit = None if spec is None else True
+        if one_stage and spec is not None:  # the read's stream was not needed: no guess
+            ctx.state["speculation"]["would_hold"] = False  # to check on the next step
+            hit = False
         if flags & dev.FLAG_OVERFLOW:
             ctx.state["device_room"] = min(2 * room, DEVICE_ROOM_MAX)
         if flags & dev.FLAG_REDO:  # (_select_host keeps the thresholds for the next guess)
-            found = self._select_host(acc, ratios, ctx, k)
+            found = self._select_host(acc, stages, ctx, k)
             return found if found is None else (*found[:2], hit)
-        if len(ratios) > 1 and thresholds[1] != thresholds[0]:  # (equal: nothing exceeded)
-            self._remember(ctx, thresholds[0], thresholds[1], ratios)
+        if last > 0 and thresholds[1] != thresholds[0]:  # (equal: stage 2 stopped)
+            self._remember(ctx, thresholds[0], thresholds[1], stages)
         indices = out.positions[:total].clone()
         return Selected(indices, out.values[:total].clone()), thresholds[last], hit
 
-    def _select_host(self, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
+    def _select_host(self, acc: torch.Tensor, stages: int, ctx: Context, k: int):
         """The same stages on fused native passes: one read of acc for the first fit's
-        statistics, one for the second stage's, one that compacts the survivors of the
-        second stage (positions and values); later stages read their pool in place, or
-        compact it first where at most COMPACT_BELOW of it passes; the final selection
-        comes from the last pool (its threshold is above the pool's, so nothing outside it
-        can pass). When the previous step's thresholds are known, the first
-        read also takes what the second stage needs near them and the pool above them
-        (_native.sidco_spec): where the new thresholds land inside those bounds, the second
-        and third reads are not needed; where not, they run as above. The selection is
-        the same either way. The pools carry acc's values, so the final selection comes
-        with the values to send (Selected). (Selected, threshold, whether the speculation
-        held: None when not tried), or None when the data need the reference path's
-        rescaling."""
+        statistics and the nonzeros, one for the second stage's, one that compacts the
+        survivors of the second stage (positions and values); later stages read their pool
+        in place, or compact it first where at most COMPACT_BELOW of it is expected to
+        pass (the count above the last threshold times the ratio it was fitted at); the
+        final selection comes from the last pool (its threshold is above the pool's, so
+        nothing outside it can pass). When the previous step's thresholds are known, the
+        first read also takes what the second stage needs near them and the pool above
+        them (_native.sidco_spec): where the new thresholds land inside those bounds, the
+        second and third reads are not needed; where not, they run as above. The
+        selection is the same either way. The pools carry acc's values, so the final
+        selection comes with the values to send (Selected). (Selected, threshold, whether
+        the speculation held: None when not tried), or None when the data need the
+        reference path's rescaling."""
         first = self.first_fit
         bounds = None
         if (acc.dtype == torch.float32 and acc.device.type == "cpu" and acc.is_contiguous()
                 and acc.numel() < _native.NARROW_LIMIT):
-            bounds = self._speculation_bounds(ratios, ctx)
+            bounds = self._speculation_bounds(stages, ctx)
         spec = None
         if bounds is not None:
-            # Σ squares for a GP first stage, mid's for its GP fit; logs for a gamma one
+            # Σ squares for a GP first stage, mid's for its GP fit; logs for a gamma one;
+            # the nonzeros always
             st, *rest = _native.sidco_spec(
                 acc, *bounds, squares=first == "gpareto", logs=first == "gamma",
                 mid_squares=self.later_fit != "exponential",
                 room=_native.stream_room(acc.numel()))
             spec = _Speculative(*bounds, *rest)
         else:
-            st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma")
+            st = _native.stats(acc, squares=first == "gpareto", logs=first == "gamma",
+                               nonzeros=True)
         check_sum_finite(acc, st.sum, ctx)  # the folded NaN/Inf check (ctx.check_finite)
         mean = st.sum / st.count
         if mean == 0.0:
             return None, 0.0, None
         if not SAFE_MEAN[0] <= mean <= SAFE_MEAN[1]:
             return None
-        threshold = self._first_threshold_native(acc, st, ratios[0])
+        plan = self._first_stage(st.count, st.nonzero, stages)
+        threshold = self._first_threshold_native(acc, st, plan)
+        hit = None if spec is None else False  # None: not tried
+        if plan is None or plan.single:
+            if spec is not None:  # no second threshold: no guess to check next step
+                ctx.state["speculation"]["would_hold"] = False
+            return native_pick(acc, threshold, expected=k), threshold, hit
+        wanted = self.ratio * st.count
         # Stage 2 fits the exceedances straight from acc (a stats pass with no output), or
         # from the speculative read; from stage 3 on, a stage reads the exceedances of the
         # last threshold from the current pool: in place (a pass that counts only those
-        # above it) while they are more than COMPACT_BELOW of the pool, else compacted
-        # first with their positions (the survivors of the first pool of acc: a fraction
-        # δ₁·δ₂), so that later passes read only them.
+        # above it) while they are expected to be more than COMPACT_BELOW of the pool,
+        # else compacted first with their positions (the survivors of the first pool of
+        # acc), so that later passes read only them.
         # maps[0]: acc positions of the first pool; maps[j]: positions in pool j of pool
         # j + 1. Only the final selection (about δ·d elements) is mapped back through them.
         # `above`: the pool holds elements at or below it that this stage must not see,
-        # else None; `share`: the fraction of the pool expected above `threshold`.
-        base, maps, pool, above = None, [], acc, None
-        share = ratios[0] * ratios[1] if len(ratios) > 1 else 1.0
-        hit = None if spec is None else False  # None: not tried
-        for stage, ratio in enumerate(ratios[1:]):
-            if stage == 0:
+        # else None; `expected`: about how many of the pool exceed `threshold` (the last
+        # stage's count times the ratio it fitted at).
+        base, maps, pool, above, expected = None, [], acc, None, 0.0
+        for stage in range(1, stages):
+            left = stages - stage
+            if stage == 1:
                 first_threshold = threshold
-                new = None
+                found = None
                 if spec is not None:
-                    new = self._second_threshold_speculative(acc, spec, threshold, ratio)
-                    if new is not None and _at_least(new, spec.pool_above, acc.dtype):
+                    found = self._second_threshold_speculative(acc, spec, threshold, wanted,
+                                                               left)
+                    if found is not None and found[1] is not None and _at_least(
+                            found[1], spec.pool_above, acc.dtype):
                         hit = True  # the stream's pool holds everything above `new`
-                        base, maps = spec.pool_above, [spec.positions]
-                        pool, share = spec.values, 1.0
-                if new is None:
-                    new = self._later_threshold_native(acc, threshold, ratio, above=threshold)
-                if new is None:  # nothing exceeds: later stages have nothing to fit
+                        base, maps, pool = spec.pool_above, [spec.positions], spec.values
+                if found is None:
+                    found = self._later_threshold_native(acc, threshold, wanted, left,
+                                                         above=threshold)
+                _, new, expected = found
+                if new is None:  # no more than wanted exceeds: the stages stop
                     break
-                self._remember(ctx, first_threshold, new, ratios)
+                self._remember(ctx, first_threshold, new, stages)
                 threshold = new
                 continue
-            if base is None or share <= COMPACT_BELOW:  # acc itself is always compacted
-                local, pool = _compact(pool, threshold, share)
+            if base is None or expected <= COMPACT_BELOW * pool.numel():
+                # (acc itself is always compacted)
+                local, pool = _compact(pool, threshold, expected / pool.numel())
                 maps.append(local)
-                base, above, share = threshold, None, 1.0
+                base, above = threshold, None
                 if pool.numel() == 0:
                     break
             else:
                 above = threshold
-            new = self._later_threshold_native(pool, threshold, ratio, above=above)
-            if new is None:  # nothing exceeds: later stages have nothing to fit
+            _, new, expected = self._later_threshold_native(pool, threshold, wanted, left,
+                                                            above=above)
+            if new is None:  # no more than wanted exceeds: the stages stop
                 break
             threshold = new
-            share *= ratio
         if base is None or pool.numel() == 0 or not _above(threshold, base, acc.dtype):
             return native_pick(acc, threshold, expected=k), threshold, hit
         # the pools carry acc's values (signed): those selected are the ones sent
@@ -471,39 +573,41 @@ class _SIDCo(ThresholdSparsifier):
 
     # -- speculation from the previous step --------------------------------------------
 
-    def _speculation_bounds(self, ratios: list[float], ctx: Context):
+    def _speculation_bounds(self, stages: int, ctx: Context):
         """(window, upper, pool_above) for a speculative first read (_native.sidco_spec on
         the CPU, gpu_sidco's on CUDA) around this step's guess of the first two thresholds,
-        or None: no speculation on the first steps, after a change of the stage ratios, or
-        when the last guess would not have held (thresholds on the move: a miss costs more
-        than the plain reads). The callers take only the inputs their read supports."""
+        or None: no speculation on the first steps, with one stage, after a change of the
+        schedule (the stage count), or when the last guess would not have held (thresholds
+        on the move, or no second stage: a miss costs more than the plain reads). The
+        callers take only the inputs their read supports."""
         history = ctx.state.get("speculation")
-        if (history is None or not history["would_hold"] or len(ratios) < 2
-                or history["ratios"] != tuple(ratios[:2])):
+        if (history is None or not history["would_hold"] or stages < 2
+                or self.ratio >= self.first_stage_ratio
+                or history["schedule"] != self._schedule(stages)):
             return None
         first, second = _guess(history["thresholds"])
         bounds = _bounds(first, second)
         return bounds if bounds[1] <= bounds[2] else None
 
-    @staticmethod
-    def _remember(ctx: Context, first: float, second: float, ratios: list[float]) -> None:
+    def _remember(self, ctx: Context, first: float, second: float, stages: int) -> None:
         """Keep the last two steps' first two thresholds, and whether the guess made from
         the earlier ones would have held for this step's."""
         history = ctx.state.get("speculation")
-        used = tuple(ratios[:2])
-        past = history["thresholds"] if history and history["ratios"] == used else []
+        used = self._schedule(stages)
+        past = history["thresholds"] if history and history["schedule"] == used else []
         would_hold = False
         if past:
             window, upper, pool_above = _bounds(*_guess(past))
             would_hold = window <= first < upper and second >= pool_above
         ctx.state["speculation"] = {"thresholds": (past + [(first, second)])[-2:],
-                                    "ratios": used, "would_hold": would_hold}
+                                    "schedule": used, "would_hold": would_hold}
 
     def _second_threshold_speculative(self, acc: torch.Tensor, spec: _Speculative, t: float,
-                                      ratio: float) -> float | None:
-        """Stage 2's threshold from the speculative read, when the first threshold `t`
-        lies in its window (window ≤ t < upper as float32); None when it does not, or
-        when nothing exceeds t (the caller then fits from acc)."""
+                                      wanted: float, left: int):
+        """Stage 2 from the speculative read, when the first threshold `t` lies in its
+        window (window ≤ t < upper as float32): what _later_threshold_native returns
+        (the count of the exceedances of t is then exact). None when it does not (the
+        caller then fits from acc)."""
         window, upper, mid = spec.window, spec.upper, spec.mid
         if not (_at_least(t, window, acc.dtype) and _above(upper, t, acc.dtype)):
             return None
@@ -511,58 +615,74 @@ class _SIDCo(ThresholdSparsifier):
         gp = self.later_fit != "exponential"
         st = _native.stats(spec.window_values, above=t, shift=t, squares=gp)
         n = st.count + mid.count
-        if n == 0:
-            return None
+        tail_log = later_stage_log(n, wanted, left)
+        if tail_log is None:
+            return n, None, 0.0
         if not gp:  # mid holds Σ|x|: Σ(|x| − t) = Σ|x| − n·t
-            return self._threshold_from_sums(acc, t, t, ratio, n,
-                                             st.sum + mid.sum - mid.count * t, 0.0)
-        # mid holds Σz, Σz² of z = |x| − u (u: upper as float32); y = z + (u − t)
-        d = _as_dtype(upper, acc.dtype) - t
-        sum_y = st.sum + mid.sum + mid.count * d
-        sumsq_y = st.sumsq + mid.sumsq + 2 * d * mid.sum + mid.count * d * d
-        return self._threshold_from_sums(acc, t, t, ratio, n, sum_y, sumsq_y)
+            new = self._threshold_from_sums(acc, t, t, tail_log, n,
+                                            st.sum + mid.sum - mid.count * t, 0.0)
+        else:
+            # mid holds Σz, Σz² of z = |x| − u (u: upper as float32); y = z + (u − t)
+            d = _as_dtype(upper, acc.dtype) - t
+            sum_y = st.sum + mid.sum + mid.count * d
+            sumsq_y = st.sumsq + mid.sumsq + 2 * d * mid.sum + mid.count * d * d
+            new = self._threshold_from_sums(acc, t, t, tail_log, n, sum_y, sumsq_y)
+        return n, new, n * math.exp(-tail_log)
 
     def _first_threshold_native(self, acc: torch.Tensor, st: _native.Stats,
-                                ratio: float) -> float:
+                                plan: _FirstStage | None) -> float:
         """Stage 1's threshold from the first read's Stats of acc (its mean checked
-        nonzero and within SAFE_MEAN): Σ|x|, with Σx² for a GP fit or the nonzeros and
-        Σ ln|x| for a gamma one (a further pass only under cancellation or in degenerate
-        cases)."""
-        numel = st.count
-        mean = st.sum / numel
+        nonzero and within SAFE_MEAN): Σ|x| and the nonzeros, with Σx² for a GP fit or
+        Σ ln|x| for a gamma one (exact zeros add nothing to the sums: only the divisor
+        leaves them out). A further pass only under cancellation or in degenerate cases;
+        the smallest nonzero |x| where every nonzero is kept (plan None)."""
+        nonzeros = st.nonzero
+        # the fitted elements: |x| > 0, or all of acc when it holds no zero (the same)
+        above = None if nonzeros == st.count else 0.0
+
+        def min_positive() -> float:
+            return _native.stats(acc, above=0.0, extremes=True).min
+
+        if plan is None:
+            return min_positive()
+        mean = st.sum / nonzeros
         if self.first_fit == "exponential":
-            return exponential_quantile(mean, ratio)
+            return exponential_quantile(mean, plan.tail_log)
         if self.first_fit == "gpareto":
             mean_g, var = moments_from_sums(
-                mean, st.sumsq / numel,
-                lambda m: _native.stats(acc, shift=m, squares=True).sumsq / numel)
-            return self._gpareto_threshold(
-                lambda: _native.stats(acc, extremes=True).min, 0.0, mean_g, var, ratio)
-        return self._gamma_threshold(numel, st.nonzero, mean, st.log_sum / st.nonzero, ratio,
-                                     lambda: _native.stats(acc, above=0.0, extremes=True).min)
+                mean, st.sumsq / nonzeros,
+                lambda m: _native.stats(acc, above=above, shift=m, squares=True).sumsq
+                / nonzeros)
+            return self._gpareto_threshold(min_positive, 0.0, mean_g, var, plan.tail_log)
+        return self._gamma_threshold(mean, st.log_sum / nonzeros, plan.ratio, min_positive)
 
-    def _later_threshold_native(self, pool: torch.Tensor, t: float, ratio: float,
-                                above: float | None = None) -> float | None:
-        """_later_threshold by fused native passes, on the elements of `pool` above
-        `above` (all of them when None: a compacted pool); None when there are none."""
+    def _later_threshold_native(self, pool: torch.Tensor, t: float, wanted: float, left: int,
+                                above: float | None = None):
+        """A later stage by fused native passes, on the elements of `pool` above `above`
+        (all of them when None: a compacted pool), with `left` stages to go (this one
+        included): (the count of its exceedances of t, the new threshold or None where the
+        stages stop, about how many exceed the new threshold)."""
         st = _native.stats(pool, above=above, shift=t, squares=self.later_fit != "exponential")
-        if st.count == 0:
-            return None
-        return self._threshold_from_sums(pool, above, t, ratio, st.count, st.sum, st.sumsq)
+        tail_log = later_stage_log(st.count, wanted, left)
+        if tail_log is None:
+            return st.count, None, 0.0
+        new = self._threshold_from_sums(pool, above, t, tail_log, st.count, st.sum, st.sumsq)
+        return st.count, new, st.count * math.exp(-tail_log)
 
     def _threshold_from_sums(self, source: torch.Tensor, above: float | None, t: float,
-                             ratio: float, n: int, sum_y: float, sumsq_y: float) -> float:
+                             tail_log: float, n: int, sum_y: float, sumsq_y: float) -> float:
         """A later stage's threshold from the count n, Σy and Σy² (read for the GP fit
         only) of the exceedances y = |x| − t, the elements of `source` above `above`
         (read again only for the GP fit's second pass under cancellation or its
-        point-mass minimum)."""
+        point-mass minimum), at L = tail_log."""
         if self.later_fit == "exponential":
-            return t + exponential_quantile(sum_y / n, ratio)
+            return t + exponential_quantile(sum_y / n, tail_log)
         mean, var = moments_from_sums(
             sum_y / n, sumsq_y / n,
             lambda m: _native.stats(source, above=above, shift=t + m, squares=True).sumsq / n)
         return self._gpareto_threshold(
-            lambda: _native.stats(source, above=above, extremes=True).min, t, mean, var, ratio)
+            lambda: _native.stats(source, above=above, extremes=True).min, t, mean, var,
+            tail_log)
 
     def _adapt(self, state: dict, quality: float) -> None:
         """Adapt_Stages of Algorithm 1 on the mean k̂/k of the last adapt_interval steps."""
@@ -607,19 +727,26 @@ def _check_device_stages(device: torch.device, variant: type) -> bool:
             return (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32)
 
         base = laplace(300_007)
+        # the positions of the last step's exact zeros (90%): stage 1 on the nonzeros, and
+        # at ratio 0.05 (ρ = 0.5) a single stage whose later pools keep their ties
+        zeros = torch.randperm(base.numel(), generator=g)[:270_000]
         for ratio in (0.001, 0.05):
             sidco = variant(ratio=ratio)
             k = max(1, int(ratio * base.numel()))
-            ratios = stage_ratios(ratio, sidco.first_stage_ratio, sidco.initial_stages)
+            stages = sidco.initial_stages
             on_device, on_host = (Context(rank=0, world_size=1, step=0, name="check",
                                           state={}, generator=g, shared_seed=0)
                                   for _ in range(2))
-            # three steps of a growing gradient: the third is read speculatively
+            # three steps of a growing gradient (the third is read speculatively), then
+            # one with exact zeros
             speculated = False
-            for step in range(3):
-                acc = (base * (1 + 0.02 * step) + 0.1 * laplace(base.numel())).to(device)
-                got = sidco._select_device(acc, ratios, on_device, k)
-                want = sidco._select_host(acc, ratios, on_host, k)
+            for step in range(4):
+                acc = base * (1 + 0.02 * step) + 0.1 * laplace(base.numel())
+                if step == 3:
+                    acc[zeros] = 0.0
+                acc = acc.to(device)
+                got = sidco._select_device(acc, stages, on_device, k)
+                want = sidco._select_host(acc, stages, on_host, k)
                 if not (_same_selection(got[0], want[0])
                         and abs(got[1] - want[1]) <= 1e-12 * abs(want[1])):
                     problem = (f"its selection at ratio {ratio}, step {step} differs from the "
@@ -673,9 +800,10 @@ class _Speculative(NamedTuple):
 
 def _speculation_shares(ratios: list[float]) -> dict:
     """The fractions of acc expected in the device read's window and pool (their
-    buffers' sizes): for an exponential tail fitted at stage 1's and stage 2's ratios,
-    δ₁·(δ₁^−m − δ₁^m) near the first threshold and (δ₁δ₂)^(1−m) above (1 − m) times the
-    second, m = SPECULATION_MARGIN."""
+    buffers' sizes): for an exponential tail fitted at stage 1's and stage 2's nominal
+    ratios (stage_ratios: a tensor with zeros, whose stages keep fractions of the
+    nonzeros, fills less), δ₁·(δ₁^−m − δ₁^m) near the first threshold and (δ₁δ₂)^(1−m)
+    above (1 − m) times the second, m = SPECULATION_MARGIN."""
     m, first, both = SPECULATION_MARGIN, ratios[0], ratios[0] * ratios[1]
     return {"keep_window": first * (first ** -m - first ** m), "keep_pool": both ** (1 - m)}
 

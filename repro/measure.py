@@ -21,6 +21,11 @@ compressor it reports:
 | encode_ms / decode_ms        | median over workers and steps of the compute before the first |
 |                              | request / after the last answer                               |
 
+Every result also names its gradients: `source`, and `zeros`, the fraction of each
+synthetic gradient's coordinates that are exact zeros at fixed positions (`--zeros F`,
+repro.sources.zero_positions; 0 by default): the regime of embedding and sparse-feature
+gradients, where k̂/k shows whether a threshold fit leaves the zeros out.
+
 Everything is validated before any gradient is drawn, so a typo fails in a second.
 """
 
@@ -199,10 +204,10 @@ def _sq_norm(t: torch.Tensor) -> float:
 
 
 def _load_grads(source: str, size: int, workers: int, seed: int, step: int,
-                file_grads: list[torch.Tensor] | None) -> list[torch.Tensor]:
+                file_grads: list[torch.Tensor] | None, zeros: float = 0.0) -> list[torch.Tensor]:
     if file_grads is not None:
         return file_grads  # SimulatedGroup never modifies its inputs
-    return sources.synthetic(source, size, workers, seed, step)
+    return sources.synthetic(source, size, workers, seed, step, zeros=zeros)
 
 
 def measure(
@@ -216,13 +221,15 @@ def measure(
     params: Mapping[str, Any] | None = None,
     feedback: str = "default",
     device: str = "cpu",
+    zeros: float = 0.0,
 ) -> list[dict[str, Any]]:
     """Run each compressor for `steps` steps on `workers` simulated workers fed the same
     gradients; one result dict per compressor (fields: module docstring).
 
     ratio=None keeps each compressor's own default ratio; `params` go to every selected
     compressor that accepts them (at least one must). With a file:PATH source, `size`
-    is the file's tensor size.
+    is the file's tensor size. `zeros` (0 ≤ F < 1, synthetic sources only): the fraction
+    of every gradient's coordinates that are exact zeros, at positions fixed by `seed`.
     """
     names = split_names(compressor_names) or default_compressors()
     registered = compressors.list_compressors()
@@ -234,6 +241,10 @@ def measure(
         check_ratio(ratio, "--ratio")
     check_positive(workers=workers, size=size, steps=steps)
     check_source(source)
+    zeros = sources.check_zeros(zeros, "--zeros")
+    if zeros and source.startswith("file:"):
+        raise ValueError(f"--zeros={zeros} applies to synthetic sources only; a file: source "
+                         "is exchanged as saved")
     if feedback not in FEEDBACKS:
         raise ValueError(f"unknown feedback {feedback!r}; choose one of {', '.join(FEEDBACKS)}")
     dev = check_device(device)
@@ -260,7 +271,8 @@ def measure(
 
     tallies = {n: _Tally() for n in names}
     for step in range(steps):
-        grads = [g.to(dev) for g in _load_grads(source, size, workers, seed, step, file_grads)]
+        grads = [g.to(dev)
+                 for g in _load_grads(source, size, workers, seed, step, file_grads, zeros)]
         # The exact mean, summed in rank order as the simulated allreduce does, so a
         # lossless compressor scores exactly 0.
         mean = grads[0].clone()
@@ -307,6 +319,7 @@ def measure(
             "workers": workers,
             "steps": steps,
             "source": source,
+            "zeros": zeros,
             "k_ratio_mean": float(kq.mean()) if kq.size else None,
             "k_ratio_p5": float(np.percentile(kq, 5)) if kq.size else None,
             "k_ratio_p95": float(np.percentile(kq, 95)) if kq.size else None,
@@ -334,6 +347,8 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     r0 = results[0]
     header = (f"source {r0['source']}, d = {r0['numel']:,}, {r0['workers']} workers, "
               f"{r0['steps']} steps")
+    if r0.get("zeros"):
+        header += f", {r0['zeros']:g} of the coordinates exact zeros"
     cols = ["compressor", "ratio", "feedback", "k̂/k mean [p5, p95]", "density", "NMSE",
             "|e|/|g|", "bytes/worker", "of fp32", "enc ms", "dec ms"]
     rows = []

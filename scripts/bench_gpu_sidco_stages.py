@@ -52,7 +52,7 @@ def _median_ms(fn, steps: int, device: str) -> float:
 PATHS = ("host", "plain", "device")
 
 
-def _call(s, path: str, acc: torch.Tensor, ratios: list[float], ctx: Context, k: int):
+def _call(s, path: str, acc: torch.Tensor, ratios: int, ctx: Context, k: int):
     if path == "host":
         return s._select_host(acc, ratios, ctx, k)
     return s._select_device(acc, ratios, ctx, k, speculate=path == "device")
@@ -77,7 +77,7 @@ def main() -> int:
         k = max(1, int(args.ratio * n))
         for name in args.compressor.split(","):
             s = compressors.build(name, ratio=args.ratio)
-            ratios = sidco.stage_ratios(args.ratio, s.first_stage_ratio, s.initial_stages)
+            ratios = s.initial_stages  # the stage count the paths take
             contexts = {path: Context(rank=0, world_size=1, step=0, name="g", state={},
                                       generator=torch.Generator(), shared_seed=0)
                         for path in PATHS}

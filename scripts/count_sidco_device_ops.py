@@ -65,7 +65,7 @@ def main() -> int:
     k = max(1, int(args.numel * args.ratio))
     for name in args.compressor.split(","):
         s = compressors.build(name, ratio=args.ratio)
-        ratios = sidco.stage_ratios(args.ratio, s.first_stage_ratio, s.initial_stages)
+        ratios = s.initial_stages  # the stage count the device path takes
         ctx = Context(rank=0, world_size=1, step=0, name="g", state={},
                       generator=torch.Generator(), shared_seed=0, check_finite=False)
         for step in range(args.steps):
@@ -73,7 +73,7 @@ def main() -> int:
             counts.clear()
             found = s._select_device(acc, ratios, ctx, k)
             launches = sum(v for key, v in counts.items() if key.startswith("triton "))
-            print(f"{name} step {step} ({len(ratios)} stages, "
+            print(f"{name} step {step} ({ratios} stages, "
                   f"{'speculative' if found[2] else 'plain'} read): {launches} Triton "
                   f"launches; " + ", ".join(f"{key} {v}" for key, v in sorted(counts.items())))
     return 0

@@ -181,6 +181,11 @@ def test_self_test_passes_and_reports_a_broken_kernel(monkeypatch):
         got[2] *= 1.001
         return tuple(got)
 
+    def wrong_nonzeros(*args, **kwargs):
+        got = list(real_stats(*args, **kwargs))
+        got[5] += kwargs.get("nonzeros", False)
+        return tuple(got)
+
     def wrong_slots(keys, m, *args, **kwargs):
         slots, values = real_dragonn(keys, m, *args, **kwargs)
         return slots.roll(1), values
@@ -189,7 +194,9 @@ def test_self_test_passes_and_reports_a_broken_kernel(monkeypatch):
         ("count", lambda x, t, strict=False: -1, "count (strict=False) differs from torch"),
         ("select", broken, "RuntimeError: no kernel for this GPU"),
         ("stats", wrong_squares, "stats (above=False, squares=True, extremes=False, "
-                                 "logs=False) differ from torch"),
+                                 "logs=False, nonzeros=False) differ from torch"),
+        ("stats", wrong_nonzeros, "stats (above=False, squares=False, extremes=False, "
+                                  "logs=False, nonzeros=True) differ from torch"),
         ("sample_abs", lambda x, s, k0, k1: torch.zeros(s),
          "sample_abs differs from the counter stream's positions"),
         ("dragonn_slots", wrong_slots, "dragonn_slots differs from write_slots"),
@@ -200,26 +207,30 @@ def test_self_test_passes_and_reports_a_broken_kernel(monkeypatch):
             assert kernels.self_test("cpu") == message
 
 
-@pytest.mark.parametrize("flags", [(False, False, False), (True, False, False),
-                                   (False, True, False), (True, True, False),
-                                   (False, False, True), (True, True, True)])
+@pytest.mark.parametrize("flags", [(False, False, False, False), (True, False, False, False),
+                                   (False, True, False, False), (True, True, False, False),
+                                   (False, False, True, False), (True, True, True, False),
+                                   (False, False, False, True), (True, False, False, True)])
 @pytest.mark.parametrize("above", [None, 0.0, 1e-3])
 @pytest.mark.parametrize("nan", [False, True])
 def test_stats_equal_the_cpu_kernels(flags, above, nan):
     # every field as compressors._native.stats gives it on the CPU (the C++ library),
-    # including zeros, a NaN, and `above` over which nothing or everything passes
+    # including zeros, a NaN, and `above` over which nothing or everything passes; the
+    # nonzeros alone (SIDCo's first reads) too
     from compressors import _native
 
-    squares, extremes, logs = flags
+    squares, extremes, logs, nonzeros = flags
     x = _laplace(9000, seed=2)
     x[::7] = 0.0
     if nan:
         x[100] = float("nan")
     shift = 2.5e-4
     got = kernels.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
-                        logs=logs)
+                        logs=logs, nonzeros=nonzeros)
     want = _native.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
-                         logs=logs)
+                         logs=logs, nonzeros=nonzeros)
+    if nonzeros:
+        assert got[5] == int((x.abs() > 0).sum())  # (a NaN is not counted)
     want = (want.count, want.sum, want.sumsq, want.max, want.min, want.nonzero, want.log_sum)
     for field, (u, v) in enumerate(zip(got, want)):
         if v != v:  # NaN sums: both NaN
@@ -323,12 +334,12 @@ def _sidco(name: str, ratio: float):
     from compressors.base import Context
 
     s = compressors.build(name, ratio=ratio)
-    ratios = sidco.stage_ratios(ratio, s.first_stage_ratio, s.initial_stages)
+    stage_count = s.initial_stages
 
     def ctx(check_finite: bool = False):
         return Context(rank=0, world_size=1, step=0, name="g", state={},
                        generator=torch.Generator(), shared_seed=0, check_finite=check_finite)
-    return s, ratios, ctx
+    return s, stage_count, ctx
 
 
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
@@ -337,12 +348,12 @@ def _sidco(name: str, ratio: float):
 def test_sidco_device_stages_select_what_the_host_path_selects(name, ratio, n):
     from compressors import sidco
 
-    s, ratios, ctx = _sidco(name, ratio)
+    s, stage_count, ctx = _sidco(name, ratio)
     acc = _laplace(n, seed=n)
     k = max(1, int(ratio * n))
-    got, threshold, speculated = s._select_device(acc, ratios, ctx(), k)
-    want, host_threshold, _ = s._select_host(acc, ratios, ctx(), k)
-    ref, ref_threshold = s._select_reference(acc, ratios)
+    got, threshold, speculated = s._select_device(acc, stage_count, ctx(), k)
+    want, host_threshold, _ = s._select_host(acc, stage_count, ctx(), k)
+    ref, ref_threshold = s._select_reference(acc, stage_count)
     assert got.indices.dtype == torch.int64 and torch.equal(got.indices, ref)
     assert torch.equal(got.values, acc[ref])  # signed, as sent
     assert sidco._same_selection(got, want) and speculated is None
@@ -357,17 +368,17 @@ def test_sidco_device_stages_flag_what_the_host_path_decides(monkeypatch, name):
     from compressors import sidco
     from compressors._native import NonFinite
 
-    s, ratios, ctx = _sidco(name, 0.001)
+    s, stage_count, ctx = _sidco(name, 0.001)
     acc = _laplace(60_001, seed=4)
-    assert s._select_device(torch.zeros(60_001), ratios, ctx(), 60) == (None, 0.0, None)
+    assert s._select_device(torch.zeros(60_001), stage_count, ctx(), 60) == (None, 0.0, None)
     # a mean that needs rescaling: the reference path's (None), as on the host
-    assert s._select_device(acc * 1e-10, ratios, ctx(), 60) is None
-    assert s._select_host(acc * 1e-10, ratios, ctx(), 60) is None
+    assert s._select_device(acc * 1e-10, stage_count, ctx(), 60) is None
+    assert s._select_host(acc * 1e-10, stage_count, ctx(), 60) is None
     bad = acc.clone()
     bad[777] = float("nan")
     with pytest.raises(NonFinite):
-        s._select_device(bad, ratios, ctx(check_finite=True), 60)
-    assert s._select_device(bad, ratios, ctx(), 60) is None  # left to the reference path
+        s._select_device(bad, stage_count, ctx(check_finite=True), 60)
+    assert s._select_device(bad, stage_count, ctx(), 60) is None  # left to the reference path
     # what the device path does not decide goes to the host path, with its result
     redone = []
     real = sidco._SIDCo._select_host
@@ -379,9 +390,9 @@ def test_sidco_device_stages_flag_what_the_host_path_decides(monkeypatch, name):
     monkeypatch.setattr(sidco._SIDCo, "_select_host", host)
     constant = torch.full((60_001,), 0.5)  # GP: a point mass; E: nothing above stage 1
     constant[::3] = -0.5
-    got = s._select_device(constant, ratios, ctx(), 60)
+    got = s._select_device(constant, stage_count, ctx(), 60)
     assert redone and redone[-1] is constant
-    ref, _ = s._select_reference(constant, ratios)
+    ref, _ = s._select_reference(constant, stage_count)
     assert torch.equal(got[0].indices.long(), ref)
     assert ref.numel() == (60_001 if name == "sidco_gp" else 0)
 
@@ -458,7 +469,7 @@ def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict)
     stages.set(0, t0)
     tiles = -(-n // dev.SPEC_BLOCK)
     stages._partials.take(7, tiles), stages._partials.take(3, tiles)
-    stages.later(stages.source(), 0, 0, above=True, gp=False, ratio=0.1)
+    stages.later(stages.source(), 0, 0, above=True, gp=False, wanted=0.1 * n, left=1)
     assert stages.read()[2][0] > t0
     with pytest.raises(RuntimeError, match="more partials"):
         stages._partials.take(1)
@@ -550,15 +561,15 @@ def test_look_back_adds_words_back_to_the_first_sum(case):
 def test_sidco_device_pools_get_more_room_after_one_outgrew_its_buffer():
     from compressors import sidco
 
-    s, ratios, ctx = _sidco("sidco_e", 0.001)
+    s, stage_count, ctx = _sidco("sidco_e", 0.001)
     acc = _laplace(123_457, seed=8)
     state = ctx()
     state.state["device_room"] = 1e-6  # buffers of 4096: the first pool (~6%) overflows
-    got = s._select_device(acc, ratios, state, 123)
-    assert sidco._same_selection(got[0], s._select_host(acc, ratios, ctx(), 123)[0])
+    got = s._select_device(acc, stage_count, state, 123)
+    assert sidco._same_selection(got[0], s._select_host(acc, stage_count, ctx(), 123)[0])
     assert state.state["device_room"] == 2e-6
     state.state["device_room"] = sidco.DEVICE_ROOM
-    s._select_device(acc, ratios, state, 123)
+    s._select_device(acc, stage_count, state, 123)
     assert state.state["device_room"] == sidco.DEVICE_ROOM  # no overflow: unchanged
 
 
@@ -584,12 +595,12 @@ def test_sidco_device_stages_copy_to_the_host_once(monkeypatch, name):
         return real(self)
 
     monkeypatch.setattr(dev.Stages, "read", read)
-    s, ratios, ctx = _sidco(name, 0.001)
-    got = s._select_device(_laplace(123_457, seed=3), ratios, ctx(), 123)
-    assert len(ratios) == 5 and got[0].indices.numel() > 0 and reads == [1]
+    s, stage_count, ctx = _sidco(name, 0.001)
+    got = s._select_device(_laplace(123_457, seed=3), stage_count, ctx(), 123)
+    assert stage_count == 5 and got[0].indices.numel() > 0 and reads == [1]
     # and so does a step whose first read is speculative
     state = ctx()
-    taken = [s._select_device(g, ratios, state, 123)[2] for g in _growing(123_457, 3)]
+    taken = [s._select_device(g, stage_count, state, 123)[2] for g in _growing(123_457, 3)]
     assert taken == [None, None, True] and reads == [1] * 4
 
 
@@ -605,15 +616,15 @@ def _growing(n: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
 def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, ratio):
     from compressors import sidco
 
-    s, ratios, ctx = _sidco(name, ratio)
+    s, stage_count, ctx = _sidco(name, ratio)
     on_device, on_host = ctx(), ctx()
     n = 3 * 4096 * 5 + 77  # many tiles of the read, the last one ragged
     k = max(1, int(ratio * n))
     taken = []
     for acc in _growing(n, 5):
-        got, threshold, speculated = s._select_device(acc, ratios, on_device, k)
-        want, host_threshold, _ = s._select_host(acc, ratios, on_host, k)
-        ref, ref_threshold = s._select_reference(acc, ratios)
+        got, threshold, speculated = s._select_device(acc, stage_count, on_device, k)
+        want, host_threshold, _ = s._select_host(acc, stage_count, on_host, k)
+        ref, ref_threshold = s._select_reference(acc, stage_count)
         assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
         assert sidco._same_selection(got, want)
         assert threshold == pytest.approx(host_threshold, rel=1e-12)
@@ -623,21 +634,126 @@ def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, 
     assert taken == [None, None, True, True, True]
 
 
+def _zero_heavy(n: int, zeros: float, seed: int) -> torch.Tensor:
+    """Laplace values with round(zeros·n) of them (positions drawn once) exactly zero."""
+    x = _laplace(n, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    x[torch.randperm(n, generator=g)[:round(zeros * n)]] = 0.0
+    return x
+
+
+def _spy_host(monkeypatch) -> list:
+    """Records each call of the host-driven path (a step the device path redid)."""
+    from compressors import sidco
+
+    redone = []
+    real = sidco._SIDCo._select_host
+
+    def host(self, *args):
+        redone.append(args[0])
+        return real(self, *args)
+
+    monkeypatch.setattr(sidco._SIDCo, "_select_host", host)
+    return redone
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+@pytest.mark.parametrize("zeros, ratio, stage_count, device_decides", [
+    (0.9, 0.001, 5, True),  # stage 1 at δ₁ of the nonzeros, later ratios from the counts
+    (0.99, 0.001, 5, True),  # ρ = δ·d/n₀ = 0.1
+    (0.97, 0.01, 4, True),  # ρ ≥ δ₁: one stage; the later pools keep their ties
+    (0.97, 0.01, 2, True),
+    (0.995, 0.01, 4, False),  # ρ ≥ 1: every nonzero kept (the host finds the smallest)
+    (0.0, 0.3, 3, True),  # δ ≥ δ₁: one stage whatever M
+])
+def test_sidco_device_stages_on_zero_heavy_tensors_select_what_the_host_path_selects(
+        monkeypatch, name, zeros, ratio, stage_count, device_decides):
+    # stage 1 fits the nonzeros the first read counts, its schedule and each later
+    # stage's ratio decided on the device: the same selection and thresholds as the
+    # host-driven path and the reference, with no redo except where ρ ≥ 1 (SIDCo-P's
+    # gamma stage is fitted on the host, which then decides every case)
+    from compressors import sidco
+
+    s, _, ctx = _sidco(name, ratio)
+    n = 60_013
+    acc = _zero_heavy(n, zeros, seed=int(zeros * 1000))
+    k = max(1, int(ratio * n))
+    redone = _spy_host(monkeypatch)
+    got, threshold, _ = s._select_device(acc, stage_count, ctx(), k)
+    assert bool(redone) == (not device_decides and name != "sidco_p")
+    want, host_threshold, _ = s._select_host(acc, stage_count, ctx(), k)
+    ref, ref_threshold = s._select_reference(acc, stage_count)
+    assert torch.equal(got.indices.long(), ref) and torch.equal(got.values, acc[ref])
+    assert sidco._same_selection(got, want)
+    assert threshold == pytest.approx(host_threshold, rel=1e-12)
+    assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+    wanted = min(ratio * n, int(torch.count_nonzero(acc)))
+    assert 0.5 * wanted <= got.indices.numel() <= 2 * wanted
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
+def test_sidco_device_stages_stop_where_a_pool_holds_no_more_than_k(monkeypatch, name):
+    # two clusters of magnitudes above a small bulk: a later stage's pool holds no more
+    # than k (the stop word on the board keeps the thresholds after it); the device path
+    # selects what the host-driven path and the reference select, at every stage count
+    from compressors import sidco
+
+    n = 60_013
+    acc = torch.rand(n, generator=torch.Generator().manual_seed(4)) * 1e-3
+    acc[n - 3000:n - 40] = -1.0
+    acc[n - 40:] = 2.0  # fewer than k = 60
+    s, _, ctx = _sidco(name, 0.001)
+    for stage_count in (2, 3, 5, 7):
+        got, threshold, _ = s._select_device(acc, stage_count, ctx(), 60)
+        ref, ref_threshold = s._select_reference(acc, stage_count)
+        assert torch.equal(got.indices.long(), ref) and torch.equal(got.values, acc[ref])
+        assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+        assert sidco._same_selection(got, s._select_host(acc, stage_count, ctx(), 60)[0])
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+@pytest.mark.parametrize("zeros, ratio, speculates", [(0.9, 0.001, True),
+                                                      (0.97, 0.01, False)])
+def test_sidco_device_speculative_read_on_zero_heavy_tensors(name, zeros, ratio, speculates):
+    # the speculative read counts the nonzeros for stage 1 too; where stage 1 is the only
+    # stage no second threshold is guessed
+    from compressors import sidco
+
+    s, stage_count, ctx = _sidco(name, ratio)
+    on_device, on_host = ctx(), ctx()
+    n = 3 * 4096 * 5 + 77
+    k = max(1, int(ratio * n))
+    g = torch.Generator().manual_seed(9)
+    zero = torch.randperm(n, generator=g)[:round(zeros * n)]
+    taken = []
+    for acc in _growing(n, 5, seed=4):
+        acc[zero] = 0.0
+        got, threshold, speculated = s._select_device(acc, stage_count, on_device, k)
+        want, host_threshold, _ = s._select_host(acc, stage_count, on_host, k)
+        ref, ref_threshold = s._select_reference(acc, stage_count)
+        assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
+        assert sidco._same_selection(got, want)
+        assert threshold == pytest.approx(host_threshold, rel=1e-12)
+        assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+        taken.append(speculated)
+    assert taken == ([None, None, True, True, True] if speculates else [None] * 5)
+
+
 def test_sidco_device_speculation_that_misses_is_redone_without_it():
     from compressors import sidco
 
-    s, ratios, ctx = _sidco("sidco_gp", 0.001)
+    s, stage_count, ctx = _sidco("sidco_gp", 0.001)
     state = ctx()
     grads = _growing(123_457, 4, seed=3)
     grads[3] = grads[3] * 3  # thresholds 3× the guess: outside its window
-    taken = [s._select_device(acc, ratios, state, 123)[2] for acc in grads[:3]]
+    taken = [s._select_device(acc, stage_count, state, 123)[2] for acc in grads[:3]]
     assert taken == [None, None, True]
-    got, threshold, speculated = s._select_device(grads[3], ratios, state, 123)
-    ref, ref_threshold = s._select_reference(grads[3], ratios)
+    got, threshold, speculated = s._select_device(grads[3], stage_count, state, 123)
+    ref, ref_threshold = s._select_reference(grads[3], stage_count)
     assert speculated is False and torch.equal(got.indices, ref)
     assert threshold == pytest.approx(ref_threshold, rel=1e-12)
     assert not state.state["speculation"]["would_hold"]  # none on the next step
-    assert s._select_device(grads[3], ratios, state, 123)[2] is None
+    assert s._select_device(grads[3], stage_count, state, 123)[2] is None
 
 
 def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
@@ -710,18 +826,18 @@ def test_sidco_device_speculative_read_flags_nan_and_overflow():
     from compressors import sidco
     from compressors._native import NonFinite
 
-    s, ratios, ctx = _sidco("sidco_e", 0.001)
+    s, stage_count, ctx = _sidco("sidco_e", 0.001)
     grads = _growing(123_457, 4, seed=5)
     state = ctx(check_finite=True)
-    assert [s._select_device(g, ratios, state, 123)[2] for g in grads[:3]] == [None, None, True]
+    assert [s._select_device(g, stage_count, state, 123)[2] for g in grads[:3]] == [None, None, True]
     bad = grads[3].clone()
     bad[4321] = float("inf")
     with pytest.raises(NonFinite):
-        s._select_device(bad, ratios, state, 123)
+        s._select_device(bad, stage_count, state, 123)
     # a pool past its buffer: the host path's selection, and more room for later steps
     state.state["device_room"] = 1e-6
-    got = s._select_device(grads[3], ratios, state, 123)
-    ref, _ = s._select_reference(grads[3], ratios)
+    got = s._select_device(grads[3], stage_count, state, 123)
+    ref, _ = s._select_reference(grads[3], stage_count)
     assert torch.equal(got[0].indices.long(), ref)
     assert got[2] is True  # the guess held; the buffers were too small
     assert state.state["device_room"] == 2e-6

@@ -93,8 +93,11 @@ def _kernel_cases():
         (gpu._count_kernel, f"{x_n} t:fp32 out_ptr:*i64",
          [dict(STRICT=s, BLOCK=b, TILES=tiles) for s in (False, True)]),
         (gpu._stats_kernel, f"{x_n} above:fp32 shift_bits:i64 out_ptr:*fp64",
-         [dict(HAS_ABOVE=a, SQUARES=q, EXTREMES=e, LOGS=lg, BLOCK=b, TILES=tiles)
-          for a, q in flags2 for e, lg in flags2]),
+         [dict(HAS_ABOVE=a, SQUARES=q, EXTREMES=e, LOGS=lg, NONZEROS=False, BLOCK=b,
+               TILES=tiles) for a, q in flags2 for e, lg in flags2]
+         # SIDCo's first reads: the nonzeros alone, with and without squares
+         + [dict(HAS_ABOVE=False, SQUARES=q, EXTREMES=False, LOGS=False, NONZEROS=True,
+                 BLOCK=b, TILES=tiles) for q in (False, True)]),
         (gpu._stats_final_kernel, "part_ptr:*fp64 rows:i32 out_ptr:*fp64", [dict(R=2048)]),
         (gpu._nonfinite_kernel, f"{x_n} out_ptr:*i32", [dict(BLOCK=b, TILES=tiles)]),
         (gpu._sample_kernel, f"{x_n} s:i64 k0:i64 k1:i64 out_ptr:*fp32",
@@ -109,13 +112,14 @@ def _kernel_cases():
         (gpu._dragonn_take_kernel, "packed_ptr:*i64 m:i64 index_bits:i64 acc_ptr:*fp32 "
          "values_ptr:*fp32", [dict(VALUES=v, BLOCK=gpu.SMALL_BLOCK) for v in (False, True)]),
         (gpu_sidco._later_stats_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 board_ptr:*i64 "
-         "slot:i32 out_ptr:*fp64 done_ptr:*i64 slot_out:i32 minus_log_bits:i64 "
+         "slot:i32 out_ptr:*fp64 done_ptr:*i64 slot_out:i32 want_bits:i64 left:i32 "
          "mid_ptr:*fp64 mid_rows:i32 w:fp32 u:fp32 pa:fp32 u_bits:i64",
          [dict(HAS_ABOVE=a, SQUARES=q, N_PTR=p, MID=m, BLOCK=b, TILES=tiles,
                R=gpu_sidco.FUSED_REDUCE)
           for a, q in flags2 for p in (False, True) for m in (False, True)]),
         (gpu_sidco._first_fit_kernel, "part_ptr:*fp64 rows:i32 board_ptr:*i64 t32_ptr:*fp32 "
-         "minus_log_bits:i64", [dict(GP=g, R=gpu_sidco.REDUCE) for g in (False, True)]),
+         "ratio_bits:i64 stages:i32 first_bits:i64 first_log_bits:i64",
+         [dict(GP=g, R=gpu_sidco.REDUCE) for g in (False, True)]),
         # n < 2^31 (gpu_sidco.SPEC_LIMIT): n and the capacities are passed as i32
         (gpu_sidco._spec_read_kernel, "x_ptr:*fp32 n:i32 w:fp32 u:fp32 pa:fp32 u_bits:i64 "
          "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 scratch_ptr:*i64 "

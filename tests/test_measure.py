@@ -15,7 +15,7 @@ from repro.measure import measure, parse_params, parse_value
 SIZE = 20_000
 FIELDS = {
     "compressor", "params", "feedback", "ratio", "numel", "workers", "steps", "source",
-    "k_ratio_mean", "k_ratio_p5", "k_ratio_p95", "density_mean", "nmse_mean",
+    "zeros", "k_ratio_mean", "k_ratio_p5", "k_ratio_p95", "density_mean", "nmse_mean",
     "ef_norm_rel_final", "ef_norm_rel_mean", "bytes_per_worker", "bytes_fraction", "rounds",
     "encode_ms", "decode_ms",
 }
@@ -128,6 +128,10 @@ def test_cli_table_shows_dash_for_compressors_without_ratio(capsys):
     (["--param", "bogus=1"], "accepts 'bogus'"),
     (["--param", "ratio=2"], "out of range"),
     (["--compressor", "fp16", "--feedback", "momentum"], "not a sparsifier"),
+    (["--zeros", "1"], "--zeros=1.0 is out of range"),
+    (["--zeros", "-0.1"], "--zeros=-0.1 is out of range"),
+    (["--zeros", "nan"], "--zeros=nan is out of range"),
+    (["--zeros", "0.5", "--source", "file:/nonexistent/grads.pt"], "does not exist"),
 ])
 def test_cli_bad_input_exits_2_naming_the_problem(capsys, argv, problem):
     assert main(["measure", "--size", "1000", "--steps", "1", *argv]) == 2
@@ -184,3 +188,59 @@ def test_compressors_compared_on_the_same_gradients():
     alone = measure(["randomk"], workers=2, size=SIZE, steps=2)
     assert together[1]["nmse_mean"] == alone[0]["nmse_mean"]
     assert together[1]["ef_norm_rel_final"] == alone[0]["ef_norm_rel_final"]
+
+
+def test_zeros_are_exact_and_fixed_across_workers_and_steps():
+    """--zeros F: round(F·d) coordinates exactly zero in every worker's gradient at every
+    step, at the same positions (drawn once from the seed, another seed other positions);
+    the other coordinates keep the values drawn without zeros."""
+    from repro import sources
+
+    plain = sources.synthetic("laplace", SIZE, 3, 5, 2)
+    steps = [sources.synthetic("laplace", SIZE, 3, 5, step, zeros=0.9) for step in range(3)]
+    zero = steps[0][0] == 0
+    assert int(zero.sum()) == round(0.9 * SIZE)
+    for grads in steps:
+        for g in grads:
+            assert torch.equal(g == 0, zero)
+    for g, p in zip(steps[2], plain):
+        assert torch.equal(g[~zero], p[~zero])
+    other = sources.synthetic("laplace", SIZE, 1, 6, 0, zeros=0.9)[0] == 0
+    assert not torch.equal(other, zero)
+    assert torch.equal(sources.synthetic("laplace", SIZE, 2, 5, 0, zeros=0.0)[1],
+                       sources.synthetic("laplace", SIZE, 2, 5, 0)[1])
+    for bad in (1.0, -0.1, math.nan, True, "0.5"):
+        with pytest.raises(ValueError, match="out of range"):
+            sources.synthetic("laplace", SIZE, 1, 0, 0, zeros=bad)
+
+
+def test_zeros_k_ratio_is_the_mean_over_workers_and_steps(tmp_path):
+    """measure's k_ratio_mean with --zeros is the mean over every worker and step of
+    selected/target of a simulated group fed the same gradients; the result names the
+    fraction; a file: source refuses it."""
+    from repro import sources
+
+    res = measure(["sidco_e"], ratio=0.01, workers=3, size=SIZE, steps=4, zeros=0.9, seed=2)[0]
+    group = compressors.SimulatedGroup(compressors.build("sidco_e", ratio=0.01), 3, seed=2)
+    quality = []
+    for step in range(4):
+        grads = sources.synthetic("laplace", SIZE, 3, 2, step, zeros=0.9)
+        quality += [o.selected / o.target for o in group.step(grads, name="grad", step=step)]
+    assert res["zeros"] == 0.9
+    assert res["k_ratio_mean"] == pytest.approx(sum(quality) / len(quality), rel=1e-12)
+    assert 0.8 <= res["k_ratio_mean"] <= 1.25
+    torch.save(torch.randn(100), tmp_path / "g.pt")
+    with pytest.raises(ValueError, match="synthetic sources only"):
+        measure(["topk"], workers=2, steps=1, source=f"file:{tmp_path / 'g.pt'}", zeros=0.5)
+
+
+def test_cli_zeros_reach_the_results_and_the_table(capsys):
+    assert main(["measure", "--compressor", "topk", "--size", "4000", "--steps", "1",
+                 "--workers", "2", "--zeros", "0.75", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)["results"][0]
+    assert out["zeros"] == 0.75
+    # Top-k of the nonzeros only: every nonzero of the aggregate is one of them
+    assert out["density_mean"] <= 0.25
+    assert main(["measure", "--compressor", "topk", "--size", "4000", "--steps", "1",
+                 "--workers", "2", "--zeros", "0.75"]) == 0
+    assert "0.75 of the coordinates exact zeros" in capsys.readouterr().out.splitlines()[0]

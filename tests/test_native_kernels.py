@@ -7,6 +7,8 @@ thresholds that put elements exactly on the boundary."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -388,7 +390,10 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
                                     torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, -2.0])),
                 _native.sidco_spec(x, t / 3, t / 2, t, squares=True),
                 _native.stats(x, logs=True),
-                _native.sidco_spec(x, t / 3, t / 2, t, logs=True, mid_squares=True))
+                _native.sidco_spec(x, t / 3, t / 2, t, logs=True, mid_squares=True),
+                _native.stats(x, nonzeros=True), _native.stats(x, squares=True, nonzeros=True),
+                _native.stats(x.double(), nonzeros=True),
+                _native.stats(x, above=t / 2, shift=t / 2, squares=True, nonzeros=True))
 
     expected = results()
     monkeypatch.setattr(_native, "_lib", portable)
@@ -420,6 +425,44 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     assert (first.count, first.sum, first.sumsq) == (first_n.count, first_n.sum, 0.0)
     assert mid.count == mid_n.count and mid.sumsq == pytest.approx(mid_n.sumsq, rel=1e-12)
     assert torch.equal(idx.tensor(), idx_n.tensor()) and torch.equal(val, val_n)
+    # the nonzeros alone (SIDCo's first reads): the same lanes as without them, both builds
+    nonzeros = int((x != 0).sum())
+    assert got[11][0].nonzero == expected[11][0].nonzero == nonzeros
+    for a, b in zip(got[14:], expected[14:]):
+        assert a == b and a.nonzero == nonzeros
+    assert (got[14].sum, got[15].sumsq) == (_native.stats(x).sum,
+                                            _native.stats(x, squares=True).sumsq)
+
+
+@needs_native
+@pytest.mark.parametrize("n, threads", [(1, 1), (37, 1), (100_003, 1), (600_007, 2),
+                                        (600_007, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_stats_count_the_nonzeros_alone_when_asked(n, threads, dtype):
+    """stats(nonzeros=True) counts #{x ≠ 0} over every element (with `above` too), with
+    the other statistics unchanged (bit for bit over every element, as SIDCo's first
+    reads take them; above a bound Σy may be added in another order) and no extremes;
+    without it (and without extremes or logs) the count is 0. Zeros of either sign,
+    subnormals and a tensor with no nonzero at all."""
+    x = _laplace(n, seed=n).to(dtype)
+    x[::7] = 0.0
+    x[1::13] = -0.0
+    if n > 40:
+        x[5] = torch.finfo(dtype).tiny / 4  # a subnormal: nonzero
+    want = int((x != 0).sum())
+    for above, squares in ((None, False), (None, True), (0.5e-3, False), (0.5e-3, True)):
+        plain = with_threads(threads, lambda a=above, q=squares: _native.stats(
+            x, above=a, shift=1e-4, squares=q))
+        got = with_threads(threads, lambda a=above, q=squares: _native.stats(
+            x, above=a, shift=1e-4, squares=q, nonzeros=True))
+        assert plain.nonzero == 0 and got.nonzero == want
+        if above is None:
+            assert (got.count, got.sum, got.sumsq) == (plain.count, plain.sum, plain.sumsq)
+        assert got.count == plain.count
+        assert got.sum == pytest.approx(plain.sum, rel=1e-12)
+        assert got.sumsq == pytest.approx(plain.sumsq, rel=1e-12)
+        assert (got.max, got.min) == (-1.0, math.inf)
+    assert _native.stats(torch.zeros(n, dtype=dtype), nonzeros=True).nonzero == 0
 
 
 @needs_native

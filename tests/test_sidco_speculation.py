@@ -37,8 +37,9 @@ def _f32(v: float) -> float:
                           (False, True, True), (True, False, True)])
 @pytest.mark.parametrize("share", ["narrow", "wide window", "wide stream"])
 def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, share):
-    """The first statistics equal gc_stats' bit for bit (Σy² only when asked; with `logs`,
-    the nonzeros and Σ ln|x| the gamma fit reads too); mid (|x| ≥ b)'s count is exact and
+    """The first statistics equal gc_stats' bit for bit (Σy² only when asked; the nonzeros
+    always, which every first fit divides by; with `logs` Σ ln|x| the gamma fit reads
+    too); mid (|x| ≥ b)'s count is exact and
     its sums (Σ|x|, or Σz and Σz² with mid_squares) equal float64 sums; the stream is
     {|x| > g}, ascending, with its positions and x itself (signed: what is finally sent),
     the window {w ≤ |x| < b}, ascending, with x; bounds equal to elements (ties) compare as
@@ -56,12 +57,12 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
     first, mid, idx, val, win = with_threads(
         threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares, logs=logs,
                                             mid_squares=mid_squares))
-    plain = _native.stats(x, squares=squares, logs=logs)
+    plain = _native.stats(x, squares=squares, logs=logs, nonzeros=True)
     assert (first.count, first.sum, first.sumsq) == (plain.count, plain.sum, plain.sumsq)
     assert (first.sumsq > 0) == squares
+    assert first.nonzero == plain.nonzero == int((x != 0).sum()) < n
     if logs:
-        assert (first.nonzero, first.log_sum) == (plain.nonzero, plain.log_sum)
-        assert first.nonzero == int((x != 0).sum()) < n
+        assert first.log_sum == plain.log_sum
     wf, bf, gf = _f32(w), _f32(b), _f32(g)
     in_mid = mag >= bf
     assert mid.count == int(in_mid.sum())
@@ -193,7 +194,7 @@ def test_selection_is_the_reference_one_whatever_the_guess(monkeypatch, name, ca
     assert state["speculated"] is None
     eta1, eta2 = state["speculation"]["thresholds"][-1]
     state["speculation"] = {"thresholds": [(eta1 * scale1, eta2 * scale2)],
-                            "ratios": state["speculation"]["ratios"], "would_hold": True}
+                            "schedule": state["speculation"]["schedule"], "would_hold": True}
     again = _indices(session, x, 1)
     assert state["speculated"] is expected, case
     reference = _reference_indices(monkeypatch, name, x)
@@ -221,6 +222,44 @@ def test_speculation_follows_growing_thresholds_and_stops_after_a_miss(monkeypat
     # 4: the jump misses; 5: not tried; 6: the guess from steps 4 and 5 is off (the jump
     # doubled the growth), 7: held again
     assert flags == [None, None, True, True, False, None, None, True]
+
+
+def _zero_heavy(n: int, zeros: float, seed: int) -> torch.Tensor:
+    """Laplace values with round(zeros·n) of them (fixed positions) exactly zero."""
+    x = _laplace(n, seed=seed)
+    x[torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:round(zeros * n)]] = 0
+    return x
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+@pytest.mark.parametrize("zeros, ratio, speculates", [
+    (0.9, 0.001, True), (0.99, 0.001, True), (0.9, 0.01, True),
+    (0.97, 0.01, False),  # ρ = δ·d/n₀ ≥ δ₁: one stage, no second threshold to guess
+    (0.995, 0.01, False),  # fewer nonzeros than k: every one is kept
+])
+def test_selection_on_zero_heavy_tensors_is_the_reference_one(monkeypatch, name, zeros,
+                                                              ratio, speculates):
+    """On tensors with 90–99.5% exact zeros whose thresholds grow by a steady factor, every
+    step selects exactly what the reference path selects, whether the first read is
+    speculative (and the guess holds: from the third step on), plain, or the stages
+    end after stage 1 (then nothing is guessed)."""
+    x = _zero_heavy(300_007, zeros, seed=int(zeros * 1000))
+    session = Session(compressors.build(name, ratio=ratio, adaptive=False), world_size=1,
+                      feedback="none", seed=1)
+    flags = []
+    for step in range(5):
+        y = x * 1.04**step
+        got = _indices(session, y, step)
+        flags.append(session.states["g"]["compressor"]["speculated"])
+        with monkeypatch.context() as m:
+            m.setenv("GRADCOMP_NATIVE", "0")
+            reference = _indices(Session(compressors.build(name, ratio=ratio, adaptive=False),
+                                         world_size=1, feedback="none", seed=1), y, 0)
+        assert torch.equal(got, reference), (step, flags)
+        wanted = min(ratio * x.numel(), int(torch.count_nonzero(x)))  # (at most all nonzeros)
+        assert 0.8 * wanted <= got.numel() <= 1.25 * wanted
+    assert flags == ([None, None, True, True, True] if speculates else [None] * 5)
 
 
 @needs_native

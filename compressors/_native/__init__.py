@@ -43,7 +43,7 @@ import torch
 HERE = Path(__file__).parent
 SOURCES = ("kernels.cpp", "thc_kernels.cpp")
 HEADERS = ("common.h",)
-ABI_VERSION = 16
+ABI_VERSION = 17
 # Below this many elements per thread a second thread costs more than it saves.
 MIN_PER_THREAD = 1 << 17
 # pool() and select(): above this expected kept fraction the branch-free ("dense")
@@ -311,7 +311,8 @@ class NonFinite(FloatingPointError):
 @dataclass(frozen=True)
 class Stats:
     """Over the elements counted (all, or |x| > above): count, Σy, Σy² with y = |x| − shift,
-    max and min of |x| among them; over all elements: max, nonzeros and Σ ln|x| (x ≠ 0)."""
+    max and min of |x| among them; over all elements: max, nonzeros (#{x ≠ 0}) and
+    Σ ln|x| (x ≠ 0)."""
 
     count: int
     sum: float
@@ -328,14 +329,18 @@ class Stats:
 
 
 def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
-          squares: bool = False, extremes: bool = False, logs: bool = False) -> Stats:
+          squares: bool = False, extremes: bool = False, logs: bool = False,
+          nonzeros: bool = False) -> Stats:
     """One read pass of |x| (see Stats). `above` compares in x's precision as torch does;
-    Σy² only with `squares`; max, min and nonzeros only with `extremes` (or `logs`)."""
+    Σy² only with `squares`; max, min and nonzeros only with `extremes` (or `logs`); the
+    nonzeros alone with `nonzeros` (one compare a lane: what SIDCo's first fits divide
+    by, as they leave exact zeros out)."""
     if x.device.type == "cuda":
-        return Stats(*_gpu().stats(x, above, shift, squares, extremes, logs))
+        return Stats(*_gpu().stats(x, above, shift, squares, extremes, logs, nonzeros))
     out = (ctypes.c_double * 7)()
     n = x.numel()
-    flags = (1 if squares else 0) | (2 if extremes else 0) | (4 if logs else 0)
+    flags = ((1 if squares else 0) | (2 if extremes else 0) | (4 if logs else 0)
+             | (8 if nonzeros else 0))
     _fn("gc_stats", x)(x.data_ptr(), n, _threads(n), int(above is None),
                        0.0 if above is None else float(above), float(shift), flags, out)
     return Stats.of(out)
@@ -491,7 +496,8 @@ def sidco_spec(x: torch.Tensor, window: float, upper: float, pool_above: float,
                ) -> tuple[Stats, Stats, StreamPositions, torch.Tensor, torch.Tensor]:
     """SIDCo's speculative first read of a contiguous CPU float32 x of fewer than 2^31
     elements (compressors/sidco.py): (every element's Stats, as stats(x, squares=...,
-    logs=...) gives their count, sums, nonzeros and Σ ln|x| bit for bit; `mid`: count and
+    logs=..., nonzeros=True) gives their count, sums, nonzeros (always counted: every
+    first fit divides by them) and Σ ln|x| bit for bit; `mid`: count and
     Σ|x| over |x| ≥ upper, or with `mid_squares` (default: `squares`) the count, Σz and
     Σz² of z = |x| − upper there, where `upper` is rounded to float32 first; the stream's
     positions in x (StreamPositions) and its x (signed: stats, pool and select compare

@@ -191,9 +191,10 @@ if triton is not None:
     @triton.jit(do_not_specialize=["shift_bits"])
     def _stats_kernel(x_ptr, n, above, shift_bits, out_ptr, HAS_ABOVE: tl.constexpr,
                       SQUARES: tl.constexpr, EXTREMES: tl.constexpr, LOGS: tl.constexpr,
-                      BLOCK: tl.constexpr, TILES: tl.constexpr):
+                      NONZEROS: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr):
         # per program of TILES consecutive blocks: count, Σy, Σy², max, min, nonzero,
-        # Σ ln|x| (y = |x| − shift in float64), the blocks' sums added in block order
+        # Σ ln|x| (y = |x| − shift in float64), the blocks' sums added in block order;
+        # the nonzeros with EXTREMES, LOGS or NONZEROS
         pid = tl.program_id(0)
         shift = shift_bits.to(tl.int64).to(tl.float64, bitcast=True)
         for j in tl.static_range(TILES):
@@ -236,7 +237,7 @@ if triton is not None:
         else:
             tl.store(base + 3 * progs, -1.0)
             tl.store(base + 4 * progs, float("inf"))
-        if EXTREMES or LOGS:
+        if EXTREMES or LOGS or NONZEROS:
             tl.store(base + 5 * progs, nzs.to(tl.float64))
         else:
             tl.store(base + 5 * progs, 0.0)
@@ -461,24 +462,25 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
 
 def stats_partials(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
                    squares: bool = False, extremes: bool = False,
-                   logs: bool = False) -> torch.Tensor:
+                   logs: bool = False, nonzeros: bool = False) -> torch.Tensor:
     """The per-program partials (7 × programs, float64) that `stats` reduces."""
     grid = _grid(x.numel(), BLOCK * TILES)
     extremes = extremes or logs  # as in kernels.cpp: logs imply max, min and nonzeros
     out = torch.empty((_STATS, grid[0]), dtype=torch.float64, device=x.device)
     _stats_kernel[grid](x, x.numel(), 0.0 if above is None else _f32(above), _f64_bits(shift),
                         out, HAS_ABOVE=above is not None, SQUARES=squares,
-                        EXTREMES=extremes, LOGS=logs, BLOCK=BLOCK, TILES=TILES,
-                        num_warps=WARPS)
+                        EXTREMES=extremes, LOGS=logs, NONZEROS=nonzeros and not extremes,
+                        BLOCK=BLOCK, TILES=TILES, num_warps=WARPS)
     return out
 
 
 def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
-          squares: bool = False, extremes: bool = False, logs: bool = False) -> tuple:
+          squares: bool = False, extremes: bool = False, logs: bool = False,
+          nonzeros: bool = False) -> tuple:
     """(count, Σy, Σy², max, min, nonzero, Σ ln|x|) as compressors._native.stats defines
     them: one read pass; the programs' partials are added in program order by one small
     kernel on the device, and the 7 results copied to the host (one synchronisation)."""
-    return reduce_stats(stats_partials(x, above, shift, squares, extremes, logs))
+    return reduce_stats(stats_partials(x, above, shift, squares, extremes, logs, nonzeros))
 
 
 def reduce_stats(part: torch.Tensor) -> tuple:
@@ -588,23 +590,26 @@ def self_test(device: torch.device | str) -> str | None:
                                 values and not torch.equal(val, a[ref])):
                             return (f"select (strict={strict}, values={values}, "
                                     f"mapped={mapped}) differs from torch.nonzero")
-            combos = ([(above, sq, ext, lg) for above in (None, t) for sq in (False, True)
-                       for ext in (False, True) for lg in (False, True)] if every
-                      else [(None, False, False, False), (t, True, True, False)])
+            # (SIDCo's first reads count the nonzeros alone: with and without squares)
+            combos = ([(above, sq, ext, lg, False) for above in (None, t)
+                       for sq in (False, True) for ext in (False, True) for lg in (False, True)]
+                      + [(None, sq, False, False, True) for sq in (False, True)] if every
+                      else [(None, False, False, False, True), (t, True, True, False, False)])
             nz = ad[ad > 0]
-            for above, sq, ext, lg in combos:
-                got = stats(x, above=above, shift=0.25, squares=sq, extremes=ext, logs=lg)
+            for above, sq, ext, lg, nzs in combos:
+                got = stats(x, above=above, shift=0.25, squares=sq, extremes=ext, logs=lg,
+                            nonzeros=nzs)
                 chosen = ad[ad > t] if above is not None else ad
                 y = chosen - 0.25
                 want = [chosen.numel(), float(y.sum()), float((y * y).sum()) if sq else 0.0]
                 if ext or lg:
                     want += [float(ad.max()), float(chosen.min()), nz.numel()]
                 else:
-                    want += [-1.0, float("inf"), 0]
+                    want += [-1.0, float("inf"), nz.numel() if nzs else 0]
                 want.append(float(nz.log().sum()) if lg else 0.0)
                 if not all(close(float(u), float(v)) for u, v in zip(got, want)):
                     return (f"stats (above={above is not None}, squares={sq}, extremes={ext}, "
-                            f"logs={lg}) differ from torch")
+                            f"logs={lg}, nonzeros={nzs}) differ from torch")
             one_nan = x.clone()
             one_nan[3] = float("nan")
             if not all_finite(x) or all_finite(one_nan):

@@ -5,10 +5,15 @@ stage copies its statistics to the host, where the next threshold is fitted: at 
 elements on an H100 that path took 10–23× a device read pass, most of it the host waiting
 for the device and the device for the host. Here the thresholds stay on the device:
 
-- a `board` (int64) holds the flags, the final selection's size, each stage's threshold
-  as float64 bits and each stage's count of finished programs; `t32` (float32) the same
-  thresholds rounded to float32, as the comparisons see them (torch rounds a Python
-  threshold to the tensor's dtype);
+- a `board` (int64) holds the flags, the final selection's size, where the stages
+  stopped, each stage's threshold as float64 bits and each stage's count of finished
+  programs; `t32` (float32) the same thresholds rounded to float32, as the comparisons
+  see them (torch rounds a Python threshold to the tensor's dtype);
+- the schedule is decided on the device (compressors/sidco.py's rule): stage 1 reads the
+  nonzeros its pass counted and fits them at ρ = δ·d/n₀ (one stage: the stop word 1)
+  or δ₁; a later stage reads its pool's count p and fits at (δ·d/p)^(1/stages left), or
+  keeps the threshold where p ≤ δ·d or the stages stopped before it (stop word 2 where
+  it stops), so no ratio is decided on the host;
 - a later stage is one statistics pass over its source (acc, or a pool) that reads its
   threshold and shift from the board; its last program to finish adds the partials in a
   fixed order and writes the next threshold (the same float64 formulas as
@@ -27,8 +32,10 @@ for the device and the device for the host. Here the thresholds stay on the devi
 
 What the device path does not decide, it flags for the caller, who then runs the
 host-driven path instead (the same selection, only slower): the GP fit's cancellation or
-point mass, a pool that outgrew its buffer, a final threshold not above its pool's, data
-whose mean needs rescaling, NaN/Inf (the caller raises) and an all-zero tensor.
+point mass, a first stage that keeps every nonzero (its threshold is the smallest one), a
+pool that outgrew its buffer, a final threshold not above its pool's (unless stage 1 chose
+a single stage: every pool is then compacted at that threshold with its ties, from acc),
+data whose mean needs rescaling, NaN/Inf (the caller raises) and an all-zero tensor.
 
 Runs under Triton's CPU interpreter on CPU tensors too (TRITON_INTERPRET=1; tests).
 """
@@ -53,7 +60,13 @@ FLAG_UNSAFE = 4  # mean |x| outside threshold.SAFE_MEAN: the host path rescales 
 FLAG_REDO = 8  # left to the host-driven path (see the module docstring)
 FLAG_OVERFLOW = 16  # with FLAG_REDO: a pool outgrew its buffer (the caller may size them up)
 FLAG_MISS = 32  # the speculative read's bounds did not hold: redo the step without them
-HEAD = 2  # board[0]: flags, board[1]: the final selection's size; then the thresholds
+# board[0]: flags, board[1]: the final selection's size, board[STOP]: 0 while the stages
+# go on, STOP_FIRST where stage 1 is the only one, STOP_LATER where a later stage stopped;
+# then the thresholds
+STOP = 2
+STOP_FIRST = 1
+STOP_LATER = 2
+HEAD = 3
 SAFE_LOW, SAFE_HIGH = SAFE_MEAN
 REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
 FUSED_REDUCE = 512  # the same in a later stage's last program (fewer registers there)
@@ -84,6 +97,9 @@ if triton is not None:
 
     # the constants above as the kernels take them
     _HEAD = tl.constexpr(HEAD)
+    _STOP = tl.constexpr(STOP)
+    _STOP_FIRST = tl.constexpr(STOP_FIRST)
+    _STOP_LATER = tl.constexpr(STOP_LATER)
     _REDO = tl.constexpr(FLAG_REDO)
     _OVERFLOW = tl.constexpr(FLAG_REDO | FLAG_OVERFLOW)
     _MISS = tl.constexpr(FLAG_MISS)
@@ -106,10 +122,10 @@ if triton is not None:
         else:
             return n
 
-    @triton.jit(do_not_specialize=["n", "slot", "done_ptr", "slot_out", "minus_log_bits",
+    @triton.jit(do_not_specialize=["n", "slot", "done_ptr", "slot_out", "want_bits", "left",
                                    "mid_rows", "u_bits"])
     def _later_stats_kernel(x_ptr, n, n_ptr, t32_ptr, board_ptr, slot, out_ptr, done_ptr,
-                            slot_out, minus_log_bits, mid_ptr, mid_rows, w, u, pa, u_bits,
+                            slot_out, want_bits, left, mid_ptr, mid_rows, w, u, pa, u_bits,
                             HAS_ABOVE: tl.constexpr, SQUARES: tl.constexpr,
                             N_PTR: tl.constexpr, MID: tl.constexpr, BLOCK: tl.constexpr,
                             TILES: tl.constexpr, R: tl.constexpr):
@@ -117,9 +133,10 @@ if triton is not None:
         # y = |x| − t over |x| > t (all of the source without HAS_ABOVE), t the threshold
         # in `slot` (float64 shift, float32 comparison); stored column-major (3 ×
         # programs). The program that finishes last (a counter at done_ptr, zero before)
-        # then fits the stage (_fit_stage, SQUARES: GP) into slot_out: each program's
-        # partials are stored before its acq_rel increment, by the thread that makes it,
-        # and the last one reads them after its own.
+        # then fits the stage (_fit_stage, SQUARES: GP) into slot_out, at the ratio its
+        # count gives (want_bits: δ·d as float64 bits; `left`: the stages to go, this one
+        # included): each program's partials are stored before its acq_rel increment, by
+        # the thread that makes it, and the last one reads them after its own.
         pid = tl.program_id(0)
         size = _size(n, n_ptr, N_PTR)
         above = tl.load(t32_ptr + slot)
@@ -141,8 +158,8 @@ if triton is not None:
         else:
             tl.store(out_ptr + 2 * progs + pid, 0.0)
         if tl.atomic_add(done_ptr, 1, sem="acq_rel") == progs - 1:
-            _fit_stage(out_ptr, progs, board_ptr, t32_ptr, slot, slot_out, minus_log_bits,
-                       mid_ptr, mid_rows, w, u, pa, u_bits, False, SQUARES, MID, R)
+            _fit_stage(out_ptr, progs, board_ptr, t32_ptr, slot, slot_out, want_bits, left,
+                       0, 0, mid_ptr, mid_rows, w, u, pa, u_bits, False, SQUARES, MID, R)
 
     @triton.jit
     def _running_offsets(words_ptr, tile, local, SPIN: tl.constexpr):
@@ -193,8 +210,9 @@ if triton is not None:
                           t32_ptr, SQUARES: tl.constexpr, MID_SQUARES: tl.constexpr,
                           LOGS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
         # The speculative first read: one pass over acc, one tile of BLOCK per program.
-        # - stage 1's partials (gpu._stats_kernel's 7 rows, without extremes) and those of
-        #   z = |x| − u over |x| ≥ u (count, Σz, Σz²), in column `tile`;
+        # - stage 1's partials (gpu._stats_kernel's 7 rows, without extremes, the nonzeros
+        #   always: stage 1 fits them alone) and those of z = |x| − u over |x| ≥ u
+        #   (count, Σz, Σz²), in column `tile`;
         # - the window w ≤ |x| < u (|x|, for stage 2's fit) and the pool |x| > pa (acc's
         #   positions and signed values), each compacted in acc's order, at most cap_w /
         #   cap_p entries (a pool past its buffer is flagged); their sizes into totals;
@@ -248,12 +266,11 @@ if triton is not None:
             tl.store(base + 2 * progs, 0.0)
         tl.store(base + 3 * progs, -1.0)
         tl.store(base + 4 * progs, float("inf"))
+        tl.store(base + 5 * progs, tl.sum(nz.to(tl.int32), axis=0).to(tl.float64))
         if LOGS:
-            tl.store(base + 5 * progs, tl.sum(nz.to(tl.int32), axis=0).to(tl.float64))
             lg = tl.where(nz, tl.log(tl.where(nz, a, 1.0).to(tl.float64)), 0.0)
             tl.store(base + 6 * progs, tl.sum(lg, axis=0))
         else:
-            tl.store(base + 5 * progs, 0.0)
             tl.store(base + 6 * progs, 0.0)
         tl.store(mid_ptr + tile, tl.sum(above.to(tl.int32), axis=0).to(tl.float64))
         tl.store(mid_ptr + progs + tile, tl.sum(z, axis=0))
@@ -288,45 +305,79 @@ if triton is not None:
                           cache_modifier=".cg")
         return tl.sum(cnt, axis=0), tl.sum(s1, axis=0), tl.sum(s2, axis=0)
 
-    @triton.jit(do_not_specialize=["rows", "minus_log_bits"])
-    def _first_fit_kernel(part_ptr, rows, board_ptr, t32_ptr, minus_log_bits,
-                          GP: tl.constexpr, R: tl.constexpr):
-        # one program: stage 1 (_fit_stage) into slot 0 from its read's partials
-        _fit_stage(part_ptr, rows, board_ptr, t32_ptr, 0, 0, minus_log_bits, part_ptr, rows,
-                   0.0, 0.0, 0.0, 0, True, GP, False, R)
+    @triton.jit
+    def _add_row(row_ptr, rows, R: tl.constexpr):
+        # one row of `rows` partials (as _add_partials adds each of its three)
+        total = tl.zeros((R,), tl.float64)
+        for r0 in range(0, rows, R):
+            r = r0 + tl.arange(0, R)
+            total += tl.load(row_ptr + r, mask=r < rows, other=0.0, cache_modifier=".cg")
+        return tl.sum(total, axis=0)
 
     @triton.jit
-    def _fit_stage(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, minus_log_bits,
-                   mid_ptr, mid_rows, w, u, pa, u_bits, FIRST: tl.constexpr, GP: tl.constexpr,
-                   MID: tl.constexpr, R: tl.constexpr):
-        # the partials (count, Σy, Σy² rows of `rows` columns) added in
-        # program order, then the stage's threshold into `slot_out`: compressors/sidco.py's
+    def _f64(bits):
+        # a float64 passed as its bits (gpu._f64_bits)
+        return bits.to(tl.int64).to(tl.float64, bitcast=True)
+
+    @triton.jit(do_not_specialize=["rows", "ratio_bits", "stages", "first_bits",
+                                   "first_log_bits"])
+    def _first_fit_kernel(part_ptr, rows, board_ptr, t32_ptr, ratio_bits, stages, first_bits,
+                          first_log_bits, GP: tl.constexpr, R: tl.constexpr):
+        # one program: stage 1 (_fit_stage) into slot 0 from its read's partials (the
+        # nonzeros in row 5); ratio_bits: δ, first_bits: δ₁, first_log_bits: ln(1/δ₁), all
+        # as float64 bits; `stages`: M
+        _fit_stage(part_ptr, rows, board_ptr, t32_ptr, 0, 0, ratio_bits, stages, first_bits,
+                   first_log_bits, part_ptr, rows, 0.0, 0.0, 0.0, 0, True, GP, False, R)
+
+    @triton.jit
+    def _fit_stage(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, want_bits, left,
+                   first_bits, first_log_bits, mid_ptr, mid_rows, w, u, pa, u_bits,
+                   FIRST: tl.constexpr, GP: tl.constexpr, MID: tl.constexpr,
+                   R: tl.constexpr):
+        # the partials (count, Σy, Σy² rows of `rows` columns) added in program order,
+        # then the stage's threshold into `slot_out`: compressors/sidco.py's schedule and
         # exponential_quantile or _gpareto_threshold, in the same float64 operations.
-        # FIRST: stage 1 (location 0, its flags); else y = |x| − t, t in `slot_in`, and a
-        # stage with no exceedance keeps t.
+        # FIRST: stage 1 (location 0, its flags) on the nonzeros (row 5): want_bits holds
+        # δ, `left` M, first_bits δ₁ and first_log_bits ln(1/δ₁); at ρ = δ·(d/n₀) when
+        # M = 1 or ρ ≥ δ₁ (the stop word then says one stage), else at δ₁; ρ ≥ 1 (every
+        # nonzero kept: the smallest is the threshold) is left to the host path.
+        # Else y = |x| − t, t in `slot_in`, want_bits holds δ·d and `left` the stages to
+        # go, this one included: with p exceedances, at (δ·d/p)^(1/left), written as
+        # L = ln(p/(δ·d))/left; a stage keeps t where the stages stopped before it or
+        # p ≤ δ·d (then it stops them).
         # MID: stage 2 from the speculative read (_spec_read_kernel): the partials are
         # the window's (w ≤ |x| < u), mid_ptr's those of z = |x| − u over |x| ≥ u; the
-        # step is flagged MISS unless w ≤ t < u, something exceeds t and the new
-        # threshold is at least pa (the pool's bound), all as float32
+        # step is flagged MISS unless w ≤ t < u, the stage fits (it does not stop) and
+        # the new threshold is at least pa (the pool's bound), all as float32
         cnt, s1, s2 = _add_partials(part_ptr, rows, R)
-        minus_log = minus_log_bits.to(tl.int64).to(tl.float64, bitcast=True)  # −ln δ_m
+        want = _f64(want_bits)
+        flags = tl.zeros((), tl.int64)
         if FIRST:
             t = tl.zeros((), tl.float64)
+            nonzero = _add_row(part_ptr + 5 * rows, rows, R)
+            n = tl.maximum(nonzero, 1.0)  # (none: the all-zero flag below)
+            rho = want * (cnt / n)
+            single = (left == 1) | (rho >= _f64(first_bits))
+            minus_log = tl.where(single, -tl.log(rho), _f64(first_log_bits))  # ln(1/δ₁')
+            go = nonzero > 0
         else:
             t = tl.load(board_ptr + _HEAD + slot_in).to(tl.float64, bitcast=True)
-        flags = tl.zeros((), tl.int64)
-        if MID:
-            mc, m1, m2 = _add_partials(mid_ptr, mid_rows, R)
-            t_in = tl.load(t32_ptr + slot_in)
-            d = u_bits.to(tl.int64).to(tl.float64, bitcast=True) - t  # y = z + d above u
-            cnt += mc
-            s1 = s1 + m1 + mc * d
-            s2 = s2 + m2 + 2 * d * m1 + mc * d * d
-            inside = (t_in >= w) & (u > t_in) & (cnt > 0)
-            flags |= tl.where(inside, 0, _MISS).to(tl.int64)
-        mean = s1 / cnt
+            if MID:
+                mc, m1, m2 = _add_partials(mid_ptr, mid_rows, R)
+                t_in = tl.load(t32_ptr + slot_in)
+                d = _f64(u_bits) - t  # y = z + d above u
+                cnt += mc
+                s1 = s1 + m1 + mc * d
+                s2 = s2 + m2 + 2 * d * m1 + mc * d * d
+                inside = (t_in >= w) & (u > t_in) & (cnt > 0)
+                flags |= tl.where(inside, 0, _MISS).to(tl.int64)
+            stopped = tl.load(board_ptr + _STOP)
+            go = (stopped == 0) & (cnt > want)
+            n = cnt
+            minus_log = tl.log(tl.where(go, cnt / want, 2.0)) / left.to(tl.float64)
+        mean = s1 / n
         if GP:
-            var = s2 / cnt - mean * mean
+            var = s2 / n - mean * mean
             # (1e-2·mean)·mean in the host's order; at or below it, moments_from_sums takes
             # a second, centred pass: the host path's
             flags |= tl.where(var > mean * _CANCEL * mean, 0, _REDO).to(tl.int64)
@@ -341,15 +392,22 @@ if triton is not None:
         if FIRST:
             bad = (s1 != s1) | (tl.abs(s1) == float("inf"))
             flags |= tl.where(bad, _NONFINITE, 0).to(tl.int64)
-            flags |= tl.where(mean == 0.0, _ZERO, 0).to(tl.int64)
-            safe = (mean >= _SAFE_LOW) & (mean <= _SAFE_HIGH)
+            mean_all = s1 / cnt  # the host path's checks are on the mean of every element
+            flags |= tl.where(mean_all == 0.0, _ZERO, 0).to(tl.int64)
+            safe = (mean_all >= _SAFE_LOW) & (mean_all <= _SAFE_HIGH)
             flags |= tl.where(safe, 0, _UNSAFE).to(tl.int64)
+            every = go & (rho >= 1.0)
+            flags |= tl.where(every, _REDO, 0).to(tl.int64)
+            if single | every:
+                tl.store(board_ptr + _STOP, _STOP_FIRST)
         else:
-            # nothing exceeds t: the host path stops its stages, its threshold stays t
-            new = tl.where(cnt > 0, new, t)
-            flags = tl.where(cnt > 0, flags, 0)
+            # the stages stop (before or here): the host path's threshold stays t
+            new = tl.where(go, new, t)
+            flags = tl.where(go, flags, 0)
             if MID:
-                flags |= tl.where((cnt > 0) & (new.to(tl.float32) >= pa), 0, _MISS).to(tl.int64)
+                flags |= tl.where(go & (new.to(tl.float32) >= pa), 0, _MISS).to(tl.int64)
+            if (stopped == 0) & (cnt <= want):
+                tl.store(board_ptr + _STOP, _STOP_LATER)
         tl.store(board_ptr + _HEAD + slot_out, new.to(tl.int64, bitcast=True))
         tl.store(t32_ptr + slot_out, new.to(tl.float32))
         if flags != 0:
@@ -369,12 +427,19 @@ if triton is not None:
         # tile, all zero before). The last tile writes the count before the cap into
         # count_ptr; with FINAL it also writes the selection's size into board[1] and,
         # with a pool under it (HAS_BASE), flags REDO unless the pool holds every element
-        # at or above t: t above the pool's bound (in `base_slot`, float32) and the pool
-        # not empty.
+        # at or above t: t above the pool's bound (in `base_slot`, float32), or equal to
+        # it where stage 1 chose a single stage, and the pool not empty.
+        # Once stage 1 chose a single stage (the stop word), every threshold is stage 1's:
+        # a STRICT compaction then keeps the ties as well (|x| ≥ t), so that each pool,
+        # compacted from acc or from such a pool, holds the whole final selection.
         tile = tl.atomic_add(words_ptr, 1)  # int64: the tiles in the order programs start
         offs = tile * BLOCK + tl.arange(0, BLOCK)
         t = tl.load(t32_ptr + slot)
-        x, a, hit = _signed_hits(x_ptr, offs, _size(n, n_ptr, N_PTR), t, STRICT)
+        size = _size(n, n_ptr, N_PTR)
+        x, a, hit = _signed_hits(x_ptr, offs, size, t, STRICT)
+        closed = tl.load(board_ptr + _STOP) == _STOP_FIRST
+        if STRICT:
+            hit = tl.where(closed, hit | ((a == t) & (offs < size)), hit)
         h = hit.to(tl.int32)
         mine = tl.sum(h, axis=0)
         words = (words_ptr + 1).to(tl.pointer_type(tl.uint64))
@@ -401,7 +466,8 @@ if triton is not None:
                 if HAS_BASE:
                     base = tl.load(t32_ptr + base_slot)
                     empty = tl.minimum(tl.load(base_n_ptr), base_cap) == 0
-                    if (t <= base) | (t != t) | empty:
+                    short = tl.where(closed, t < base, t <= base)
+                    if short | (t != t) | empty:
                         tl.atomic_or(board_ptr, _REDO)
 
 
@@ -464,18 +530,27 @@ class Stages:
         self.board[HEAD + slot] = _f64_bits(value)
         self.t32[slot] = _f32(value)
 
-    def first(self, gp: bool, ratio: float, spec: Speculative | None = None) -> None:
-        """Stage 1 into slot 0: the exponential (or GP) fit of all of |acc|, from a
-        statistics pass or from the speculative read's partials (`spec`); flags a NaN or
-        an Inf, an all-zero acc and a mean that needs rescaling."""
-        part = gpu.stats_partials(self.acc, squares=gp) if spec is None else spec.part
-        _first_fit_kernel[(1,)](part, part.shape[1], self.board, self.t32,
-                                _f64_bits(-math.log(ratio)), GP=gp, R=REDUCE, num_warps=8)
+    def first(self, gp: bool, ratio: float, first_ratio: float, stages: int,
+              spec: Speculative | None = None) -> None:
+        """Stage 1 into slot 0: the exponential (or GP) fit of the nonzeros of |acc|, from
+        a statistics pass or from the speculative read's partials (`spec`), at the ratio
+        compressors/sidco.py's schedule gives for `ratio` (δ), `first_ratio` (δ₁) and
+        `stages` (M); flags a NaN or an Inf, an all-zero acc, a mean that needs rescaling
+        and a ratio that keeps every nonzero (REDO)."""
+        part = (gpu.stats_partials(self.acc, squares=gp, nonzeros=True) if spec is None
+                else spec.part)
+        _first_fit_kernel[(1,)](part, part.shape[1], self.board, self.t32, _f64_bits(ratio),
+                                stages, _f64_bits(first_ratio),
+                                _f64_bits(-math.log(first_ratio)), GP=gp, R=REDUCE,
+                                num_warps=8)
 
     def later(self, src: Pool, slot_in: int, slot_out: int, above: bool, gp: bool,
-              ratio: float, spec: Speculative | None = None) -> None:
+              wanted: float, left: int, spec: Speculative | None = None) -> None:
         """A later stage: fit y = |x| − t over the elements of `src` above t (all of them
-        when not `above`: a pool compacted at t), t in slot_in; the result into slot_out."""
+        when not `above`: a pool compacted at t), t in slot_in, at the ratio their count p
+        gives, (wanted/p)^(1/left) (`wanted`: δ·d; `left`: the stages to go, this one
+        included), or keep t where p ≤ wanted or the stages stopped; the result into
+        slot_out."""
         grid = _grid(src.cap, BLOCK * TILES)
         part = self._partials.take(3, grid[0])
         mid = part if spec is None else spec.mid
@@ -483,7 +558,7 @@ class Stages:
         w, u, pa = (0.0, 1.0, 0.0) if spec is None else spec.bounds
         done = self.board[HEAD + self.slots + slot_out:]
         _later_stats_kernel[grid](src.values, src.cap, _count(src), self.t32, self.board,
-                                  slot_in, part, done, slot_out, _f64_bits(-math.log(ratio)),
+                                  slot_in, part, done, slot_out, _f64_bits(wanted), left,
                                   mid, mid.shape[1], w, u, pa, _f64_bits(u), HAS_ABOVE=above,
                                   SQUARES=gp, N_PTR=src.count is not None, MID=spec is not None,
                                   BLOCK=BLOCK, TILES=TILES, R=FUSED_REDUCE, num_warps=WARPS)
@@ -523,12 +598,13 @@ class Stages:
         return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
                            Pool(values, positions, totals[1:2], cap_p))
 
-    def second_from(self, spec: Speculative, gp: bool, ratio: float) -> None:
+    def second_from(self, spec: Speculative, gp: bool, wanted: float, left: int) -> None:
         """Stage 2 into slot 1 from the speculative read: the window's exceedances of
         stage 1's threshold and those above the window; flags MISS where the bounds did
-        not hold (stage 1's threshold outside [window, upper), nothing above it, or stage
-        2's below the pool's bound)."""
-        self.later(spec.window, 0, 1, above=True, gp=gp, ratio=ratio, spec=spec)
+        not hold (stage 1's threshold outside [window, upper), or stage 2's below the
+        pool's bound) or stage 2 does not fit (stage 1 the only one, or no more than
+        `wanted` above it): the pool read then does not hold the selection."""
+        self.later(spec.window, 0, 1, above=True, gp=gp, wanted=wanted, left=left, spec=spec)
 
     def compact(self, src: Pool, slot: int, keep: float, strict: bool = True,
                 cap: int | None = None) -> Pool:

@@ -3,7 +3,8 @@
 // Plain C ABI over raw pointers (no torch headers: compiles in about a second), loaded
 // with ctypes. Every kernel reads its input once and writes no full-size output:
 //   gc_stats_*    count, Σy, Σy², max, min of y = |x| − shift over {|x| > above} (or all
-//                 elements), plus the nonzero count and Σ ln|x| when asked: one read pass.
+//                 elements), plus the nonzero count (alone, or with the extremes) and
+//                 Σ ln|x| when asked: one read pass.
 //   gc_count_*    #{|x| ≥ t} (or > t): one read pass, nothing written.
 //   gc_select_*   positions (and optionally |x|, or x itself) of {|x| ≥ t} (or > t),
 //                 ascending: one read pass; each thread appends its hits to its own
@@ -305,8 +306,9 @@ inline void block_count_sum_f32(const float* x, int64_t n, float above, double s
 
 // float32, every element: |x| taken and max/min/nonzeros found in float32 lanes (exact),
 // only the sums widened; lanes 0-3 and 4-7 of each group of 8 go to the same two
-// accumulators as in the general loop, so the sums are the same bit for bit.
-template <bool SQ, bool EXT, bool SHIFT>
+// accumulators as in the general loop, so the sums are the same bit for bit. NZ counts the
+// nonzeros without the extremes (SIDCo's fits leave exact zeros out: one compare a lane).
+template <bool SQ, bool EXT, bool SHIFT, bool NZ = false>
 void block_all_f32(const float* x, int64_t n, double shift, Partial& p) {
   const v4d sh = {shift, shift, shift, shift};
   v4d s0 = {0, 0, 0, 0}, s1 = s0, q0 = s0, q1 = s0;
@@ -331,8 +333,8 @@ void block_all_f32(const float* x, int64_t n, double shift, Partial& p) {
     if (EXT) {
       mx = a > mx ? a : mx;
       mn = a < mn ? a : mn;
-      nz -= a > zero;
     }
+    if (EXT || NZ) nz -= a > zero;
   }
   double s = hsum(s0 + s1), q = hsum(q0 + q1), mxs = -1, mns = INFINITY;
   int64_t nzs = 0;
@@ -349,22 +351,23 @@ void block_all_f32(const float* x, int64_t n, double shift, Partial& p) {
     mns = std::min(mns, a);
   }
   p.count = static_cast<double>(n); p.sum = s; p.sumsq = SQ ? q : 0.0;
-  p.max = EXT ? mxs : -1; p.min = EXT ? mns : INFINITY; p.nonzero = EXT ? nzs : 0;
+  p.max = EXT ? mxs : -1; p.min = EXT ? mns : INFINITY; p.nonzero = EXT || NZ ? nzs : 0;
 }
 
 // One block's partial: ALL counts every element, else those with |x| > above (compared
-// in T's precision: both sides are exact doubles); SQ adds Σy²; EXT max, min, nonzeros.
-template <typename T, bool ALL, bool SQ, bool EXT>
+// in T's precision: both sides are exact doubles); SQ adds Σy²; EXT max, min, nonzeros;
+// NZ the nonzeros alone.
+template <typename T, bool ALL, bool SQ, bool EXT, bool NZ = false>
 void block_stats(const T* x, int64_t n, double above, double shift, Partial& p) {
-  if constexpr (std::is_same<T, float>::value && !ALL && !SQ && !EXT) {
+  if constexpr (std::is_same<T, float>::value && !ALL && !SQ && !EXT && !NZ) {
     block_count_sum_f32(x, n, static_cast<float>(above), shift, p);
     return;
   }
   if constexpr (std::is_same<T, float>::value && ALL) {
     if (shift == 0.0)
-      block_all_f32<SQ, EXT, false>(x, n, shift, p);
+      block_all_f32<SQ, EXT, false, NZ>(x, n, shift, p);
     else
-      block_all_f32<SQ, EXT, true>(x, n, shift, p);
+      block_all_f32<SQ, EXT, true, NZ>(x, n, shift, p);
     return;
   }
   const v4d abv = {above, above, above, above};
@@ -399,8 +402,8 @@ void block_stats(const T* x, int64_t n, double above, double shift, Partial& p) 
     if (EXT) {
       mx = a0 > mx ? a0 : mx;
       mx = a1 > mx ? a1 : mx;
-      nz -= (a0 > zero) + (a1 > zero);
     }
+    if (EXT || NZ) nz -= (a0 > zero) + (a1 > zero);
   }
   double s = hsum(s0 + s1), q = hsum(q0 + q1), mxs = -1, mns = INFINITY;
   int64_t c = ALL ? i : (c0[0] + c0[1] + c0[2] + c0[3] + c1[0] + c1[1] + c1[2] + c1[3]);
@@ -416,16 +419,16 @@ void block_stats(const T* x, int64_t n, double above, double shift, Partial& p) 
     mns = std::min(mns, a);
   }
   p.count = static_cast<double>(c); p.sum = s; p.sumsq = SQ ? q : 0.0;
-  p.max = EXT ? mxs : -1; p.min = EXT ? mns : INFINITY; p.nonzero = EXT ? nzs : 0;
+  p.max = EXT ? mxs : -1; p.min = EXT ? mns : INFINITY; p.nonzero = EXT || NZ ? nzs : 0;
 }
 
-template <typename T, bool ALL, bool SQ, bool EXT>
+template <typename T, bool ALL, bool SQ, bool EXT, bool NZ>
 void stats_blocks(const T* x, int64_t n, int threads, double above, double shift, int want_log,
                   std::vector<Partial>& part) {
   parallel_blocks(n, threads, [&](int64_t b0, int64_t b1, int) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t lo = b * BLOCK, hi = std::min(n, lo + BLOCK);
-      block_stats<T, ALL, SQ, EXT>(x + lo, hi - lo, above, shift, part[b]);
+      block_stats<T, ALL, SQ, EXT, NZ>(x + lo, hi - lo, above, shift, part[b]);
       if (want_log) part[b].log_sum = block_log_sum(x + lo, hi - lo);
     }
   });
@@ -445,24 +448,30 @@ inline void write_total(const std::vector<Partial>& part, double* out) {
   out[4] = total.min; out[5] = total.nonzero; out[6] = total.log_sum;
 }
 
-// flags: 1 = Σy², 2 = max/min/nonzeros, 4 = Σ ln|x| (implies nonzeros).
+// flags: 1 = Σy², 2 = max/min/nonzeros, 4 = Σ ln|x| (implies nonzeros), 8 = nonzeros.
+template <typename T, bool ALL, bool SQ>
+void stats_kind(const T* x, int64_t n, int threads, double abv, double shift, bool ext, bool nz,
+                int lg, std::vector<Partial>& part) {
+  if (ext) stats_blocks<T, ALL, SQ, true, false>(x, n, threads, abv, shift, lg, part);
+  else if (nz) stats_blocks<T, ALL, SQ, false, true>(x, n, threads, abv, shift, lg, part);
+  else stats_blocks<T, ALL, SQ, false, false>(x, n, threads, abv, shift, lg, part);
+}
+
 template <typename T>
 void stats(const T* x, int64_t n, int threads, int all, double above, double shift, int flags,
            double* out) {
   const int64_t blocks = (n + BLOCK - 1) / BLOCK;
   std::vector<Partial> part(blocks);
   const double abv = static_cast<double>(static_cast<T>(above));
-  const bool sq = flags & 1, ext = (flags & 6) != 0;
+  const bool sq = flags & 1, ext = (flags & 6) != 0, nz = (flags & 8) != 0;
   const int lg = (flags & 4) != 0;
-#define GC_STATS(A, S, E) stats_blocks<T, A, S, E>(x, n, threads, abv, shift, lg, part)
   if (all) {
-    if (sq) { if (ext) GC_STATS(true, true, true); else GC_STATS(true, true, false); }
-    else { if (ext) GC_STATS(true, false, true); else GC_STATS(true, false, false); }
+    if (sq) stats_kind<T, true, true>(x, n, threads, abv, shift, ext, nz, lg, part);
+    else stats_kind<T, true, false>(x, n, threads, abv, shift, ext, nz, lg, part);
   } else {
-    if (sq) { if (ext) GC_STATS(false, true, true); else GC_STATS(false, true, false); }
-    else { if (ext) GC_STATS(false, false, true); else GC_STATS(false, false, false); }
+    if (sq) stats_kind<T, false, true>(x, n, threads, abv, shift, ext, nz, lg, part);
+    else stats_kind<T, false, false>(x, n, threads, abv, shift, ext, nz, lg, part);
   }
-#undef GC_STATS
   write_total(part, out);
 }
 
@@ -950,6 +959,8 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 // previous step's did (compressors/sidco.py):
 //   all:  count, Σ|x| (and Σx² with SQA) of every element: the same lanes, order and block
 //         partials as gc_stats (block_all_f32), so η₁ equals the plain path's bit for bit;
+//         and the nonzeros (|x| > 0), which every first fit divides by (with LOG from
+//         Σ ln|x|'s steps, else one compare a lane);
 //   mid:  count and Σ|x| (without SQ), or count, Σz and Σz² of z = |x| − b (with SQ), over
 //         |x| ≥ b: the exceedances of η₁ that are not in the window
 //         (the AVX-512 loop adds z² with a fused multiply-add, so its Σz² may differ from
@@ -1002,6 +1013,9 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       if (LOG) {
         logs.add(a, y0, y1);
         if ((i - lo + 16) % 4096 == 0) logs.renormalise();
+      } else {
+        nonzero += __builtin_popcount(
+            static_cast<unsigned>(_mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_GT_OQ)));
       }
       S = _mm512_add_pd(_mm512_add_pd(S, y0), y1);
       if (SQA) Q = _mm512_add_pd(_mm512_add_pd(Q, _mm512_mul_pd(y0, y0)), _mm512_mul_pd(y1, y1));
@@ -1053,7 +1067,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const __m256 wv = _mm256_set1_ps(w), bv = _mm256_set1_ps(b), gv = _mm256_set1_ps(g);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
     const v4d sh = {shift, shift, shift, shift};
-    __m256i c = _mm256_setzero_si256();
+    __m256i c = _mm256_setzero_si256(), nzv = c;
     for (; i + 8 <= hi; i += 8) {
       if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
       const __m256 xv = _mm256_loadu_ps(x + i);
@@ -1070,6 +1084,9 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       const __m256 gtg = _mm256_cmp_ps(a, gv, _CMP_GT_OQ);
       const __m256 inmid = geb;
       c = _mm256_sub_epi32(c, _mm256_castps_si256(inmid));
+      if (!LOG)
+        nzv = _mm256_sub_epi32(
+            nzv, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ)));
       if (SQ) {  // z = |x| − b where in mid, else 0
         const __m256i im = _mm256_castps_si256(inmid);
         const v4l k0 = (v4l)_mm256_cvtepi32_epi64(_mm256_castsi256_si128(im));
@@ -1096,9 +1113,13 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
       bits[i >> 3] = static_cast<uint8_t>(m);
       k += __builtin_popcount(static_cast<unsigned>(m));
     }
-    alignas(32) int32_t lanes[8];
+    alignas(32) int32_t lanes[8], nzl[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), c);
-    for (int l = 0; l < 8; ++l) cnt += lanes[l];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(nzl), nzv);
+    for (int l = 0; l < 8; ++l) {
+      cnt += lanes[l];
+      nonzero += nzl[l];
+    }
   }
 #endif
   double s = hsum(s0 + s1), q = hsum(q0 + q1), ms = hsum(m0 + m1), mq = hsum(r0 + r1);
@@ -1113,6 +1134,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const double a = static_cast<double>(af);
     s += a;
     q += a * a;
+    if (!LOG) nonzero += af > 0.0f;
     if (af >= b) {
       const double z = a - shift;
       cnt += 1; ms += z; mq += z * z;
@@ -1130,12 +1152,10 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
   }
 #if defined(__AVX2__)
   all.count = static_cast<double>(hi - lo); all.sum = s; all.sumsq = SQA ? q : 0.0;
-  all.max = -1; all.min = INFINITY; all.nonzero = 0;
+  all.max = -1; all.min = INFINITY;
 #endif
-  if (LOG) {  // the gamma fit's nonzeros and Σ ln|x|, as gc_stats has them
-    all.log_sum = log_sum;
-    all.nonzero = static_cast<double>(nonzero);
-  }
+  all.nonzero = static_cast<double>(nonzero);  // as gc_stats counts them
+  if (LOG) all.log_sum = log_sum;  // the gamma fit's Σ ln|x|, as gc_stats has it
   mid.count = static_cast<double>(cnt); mid.sum = ms; mid.sumsq = SQ ? mq : 0.0;
   return k;
 }
@@ -1143,7 +1163,7 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 // `squares`: bit 0 asks for every element's Σy², bit 1 for mid's Σz and Σz² (a gamma first
 // stage followed by GP fits needs only the latter).
 // out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with bit 0,
-// nonzeros and Σ ln|x| with `logs`);
+// the nonzeros always, Σ ln|x| with `logs`);
 // out[7..9]: mid's count, Σ (Σ|x|, or Σz with bit 1) and Σz² (with bit 1).
 // The stream's values are written straight into val (room for n) and read there by the
 // caller, as val[0, *total), and the window's into win (room for n), as win[0, *wtotal):
@@ -1775,7 +1795,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 16; }
+int gc_abi_version() { return 17; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 

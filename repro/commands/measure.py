@@ -38,6 +38,10 @@ def add_parser(sub) -> None:
     p.add_argument("--source", default=DEFAULT_SOURCE,
                    help="laplace, normal, lognormal, gamma, student-t, or file:PATH")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--zeros", type=float, default=0.0, metavar="FRACTION",
+                   help="fraction F (0 ≤ F < 1) of a synthetic source's coordinates that are "
+                        "exact zeros in every worker's gradient at every step, at positions "
+                        "drawn once from --seed (like embedding rows no batch touches)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="compressor parameter (repeatable); goes to every selected compressor "
                         "that accepts it; values parse as int/float/true/false/none/str")
@@ -62,6 +66,7 @@ def run(args) -> int:
         params=parse_params(args.param),
         feedback=args.feedback,
         device=args.device,
+        zeros=args.zeros,
     )
     if args.json:
         print(json.dumps({"results": results}, indent=2))
