@@ -17,11 +17,12 @@ import inspect
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar
 
 import torch
 
-from compressors import _native
+from compressors.kernels import ops
+from compressors.kernels.types import Selected
 from compressors.requests import AllGather, AllReduce, Request
 
 Protocol = Generator["Request | tuple[Request, ...]", Any, "Outcome"]
@@ -83,14 +84,14 @@ class Context:
     # The tensors inside the flat gradient: always set by the Session (a single segment
     # with the gradient's own shape when the caller gives no layout).
     layout: tuple[Segment, ...] = ()
-    # True when `acc` is a scratch buffer the protocol may overwrite (for example a DDP
+    # True when `acc` is a buffer the protocol may overwrite (for example a DDP
     # bucket buffer with no error feedback). Otherwise protocols must not modify it.
     acc_writable: bool = False
     # False lets protocols skip statistics that cost extra passes (union size, ...).
     measure: bool = True
     # True when the Session left the NaN/Inf check of `acc` to the protocol (the compressor
     # said so by folds_finite_check): its first full read of acc must raise
-    # compressors._native.NonFinite on a NaN or an Inf, before it changes any state.
+    # compressors.kernels.ops.NonFinite on a NaN or an Inf, before it changes any state.
     check_finite: bool = False
     # Where the caller wants the aggregate (Session.exchange's `out`: flat, acc's numel,
     # dtype and device), or None. Protocols decode into it through destination and
@@ -101,12 +102,13 @@ class Context:
     out: torch.Tensor | None = None
     # True when `out` shares memory with acc (see above).
     out_is_acc: bool = False
-    # Buffers this worker keeps for this tensor between steps (ctx.room), owned by the
-    # Session like `state` but never checkpointed: they hold nothing a later step reads.
-    scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+    # The workspaces this worker keeps for this tensor between steps (ctx.workspace),
+    # owned by the Session like `state` but never checkpointed: they hold nothing a later
+    # step reads.
+    workspaces: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def room(self, key: str, numel: int, dtype: torch.dtype,
-             device: torch.device) -> torch.Tensor:
+    def workspace(self, key: str, numel: int, dtype: torch.dtype,
+                  device: torch.device) -> torch.Tensor:
         """A flat tensor of numel elements, contents undefined, for a buffer the protocol
         writes whole each step (a wire it hands to a collective): on the CPU the same one
         every step for this tensor (a fresh large CPU tensor costs a page fault per 4 KiB
@@ -116,10 +118,10 @@ class Context:
         device = torch.device(device)
         if device.type != "cpu":
             return torch.empty(numel, dtype=dtype, device=device)
-        buf = self.scratch.get(key)
+        buf = self.workspaces.get(key)
         if buf is None or buf.numel() != numel or buf.dtype != dtype:
-            self.scratch.pop(key, None)  # the old one given back before the new one is had
-            buf = self.scratch[key] = _native.empty(numel, dtype)
+            self.workspaces.pop(key, None)  # the old one given back before the new one is had
+            buf = self.workspaces[key] = ops.empty(numel, dtype)
         return buf
 
     def destination(self, numel: int, dtype: torch.dtype,
@@ -239,7 +241,8 @@ class Outcome:
 
     aggregate: the averaged update (flat, the input's dtype), identical on every worker.
     sent: this worker's contribution in its own coordinates; read it before this worker's
-        next step of the same tensor (it may live in buffers reused then, Context.room).
+        next step of the same tensor (it may live in workspaces reused then,
+        Context.workspace).
     selected: k̂, elements this worker selected (sparsifiers), else None.
     target: k, elements it was asked to select, else None.
     union: distinct coordinates in the aggregate (actual density · d), when known.
@@ -265,6 +268,9 @@ class Outcome:
     decode_s: float = 0.0
 
 
+MIN_RATIO = 1e-12  # 1/δ above 10¹² elements: larger than any tensor, finite in float64
+
+
 def check_ratio(ratio: float, what: str = "ratio") -> float:
     """Validate δ = k/d, the fraction of elements kept."""
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
@@ -273,6 +279,12 @@ def check_ratio(ratio: float, what: str = "ratio") -> float:
         raise ValueError(
             f"{what}={ratio!r} is out of range: it is the fraction of elements kept, "
             "so it must lie in (0, 1] (for example 0.01 keeps 1%)"
+        )
+    if float(ratio) < MIN_RATIO:
+        raise ValueError(
+            f"{what}={ratio!r} is below {MIN_RATIO:g}: no tensor a compressor can hold has "
+            f"1/{what} elements (and its reciprocal overflows); give a ratio in "
+            f"[{MIN_RATIO:g}, 1]"
         )
     return float(ratio)
 
@@ -303,11 +315,9 @@ def sparse_mean(
 
     Duplicates are summed in rank order, on every device: ranks' payloads, one list entry
     (or `lengths` entry of a concatenation) per rank, each holding an index at most once.
-    On the CPU the native kernel sweeps the concatenation once (_native.scatter_mean),
-    which is rank order; elsewhere one index_add_ per rank, in rank order, so no two
-    additions to one element ever race (CUDA's index_add_ over ONE concatenation adds
-    colliding pairs with atomics, in arrival order, and ranks would round the same sum
-    differently). Every index must be valid (0 <= i < numel): callers with empty slots
+    On the CPU the native kernel sweeps the concatenation once, which is rank order;
+    elsewhere one index_add_ per rank, in rank order, so no two additions to one element
+    ever race (ops.scatter_mean). Every index must be valid (0 <= i < numel): callers with empty slots
     (DRAGONN's −1) filter them first, or point them at an element with a value of +0.0."""
     if isinstance(indices, list):
         lengths = [int(i.numel()) for i in indices]
@@ -318,23 +328,7 @@ def sparse_mean(
     val = val.to(dtype)
     if out is None:
         out = torch.empty(numel, dtype=dtype, device=val.device)
-    if _native.supports_cpu(out) and idx.dim() == 1:
-        return _native.scatter_mean(idx.contiguous(), val.contiguous(), out, world_size)
-    out.zero_()
-    if idx.numel():
-        if lengths is None or len(lengths) == 1:
-            if lengths is None and out.device.type != "cpu" and world_size > 2:
-                raise ValueError(
-                    "sparse_mean needs each rank's payload apart (a list per rank, or "
-                    "lengths=) off the CPU, to sum them in rank order")
-            out.index_add_(0, idx, val)
-        else:
-            for i, v in zip(idx.split(lengths), val.split(lengths)):
-                if i.numel():
-                    out.index_add_(0, i, v)
-    if world_size > 1:
-        out.div_(world_size)
-    return out
+    return ops.scatter_mean(idx, val, out, world_size, lengths)
 
 
 def union_size(indices: list[torch.Tensor]) -> int:
@@ -415,16 +409,6 @@ def resolve_scope(compressor: Compressor, scope: str) -> str:
             "across layers. Use granularity="
             + " or ".join(repr(g) for g in compressor.scopes))
     return scope
-
-
-class Selected(NamedTuple):
-    """What a sparsifier's `select` may return instead of bare indices: the indices and
-    acc's values at them (the same bits as acc.index_select(0, indices)), read by the
-    selection pass itself, so the protocol does not gather them from acc again (scattered
-    reads of lines the pass has just pushed out of the cache)."""
-
-    indices: torch.Tensor
-    values: torch.Tensor
 
 
 class Sparsifier(Compressor):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from compressors import _native
+from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
@@ -58,7 +58,7 @@ class HalfPrecision(Compressor):
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         wire_dtype = getattr(torch, self.dtype)
         # The wire, kept between steps on the CPU (never acc itself: it is not ours)
-        half = ctx.room("wire", acc.numel(), wire_dtype, acc.device).copy_(acc.reshape(-1))
+        half = ctx.workspace("wire", acc.numel(), wire_dtype, acc.device).copy_(acc.reshape(-1))
         if ctx.out_is_acc:  # acc is about to hold the aggregate, and no feedback reads it
             sent: Sent = Overwritten()
         else:
@@ -92,7 +92,7 @@ class TopK(Sparsifier):
     that the threshold estimators are measured against."""
 
     def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        return torch.topk(_native.abs_into_room(acc), k, sorted=False).indices
+        return torch.topk(ops.abs_into_workspace(acc), k, sorted=False).indices
 
     def sent_elements(self, numel: int) -> int:
         return target_k(numel, self.ratio)

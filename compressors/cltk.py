@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from compressors import _native
+from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
@@ -53,7 +53,7 @@ class CyclicLocalTopK(Compressor):
         select_s = 0.0
         if ctx.is_leader:
             t0 = time.perf_counter()
-            indices = torch.topk(_native.abs_into_room(acc), k,
+            indices = torch.topk(ops.abs_into_workspace(acc), k,
                                  sorted=False).indices.to(index_dtype(numel))
             if ctx.measure and acc.is_cuda:
                 torch.cuda.synchronize(acc.device)

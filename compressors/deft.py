@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compressors import _native
+from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
@@ -120,8 +120,8 @@ def assign_k(
     subtraction), so the last partition with a nonzero norm receives all of k_remain.
     `fill_remainder` adds the authors' released-code pass (kljp/deft) that Algorithm 3
     omits: k the walk could not place (partitions capped at their size at the end of the
-    walk, zero-norm tails) is handed out by priority to partitions with room, so Σ k_i = k
-    unless the minimum of 1 per partition forces more.
+    walk, zero-norm tails) is handed out by priority to partitions with spare elements, so
+    Σ k_i = k unless the minimum of 1 per partition forces more.
     """
     count = len(norms)
     order = sorted(range(count), key=lambda i: -norms[i])  # stable: ties keep tensor order
@@ -137,9 +137,9 @@ def assign_k(
         k_remain -= local[p]
     if fill_remainder and k_remain > 0:
         for p in order:
-            room = sizes[p] - local[p]
-            if room > 0:
-                extra = min(room, k_remain)
+            spare = sizes[p] - local[p]
+            if spare > 0:
+                extra = min(spare, k_remain)
                 local[p] += extra
                 k_remain -= extra
                 if k_remain == 0:
@@ -203,7 +203,7 @@ def select_in_partitions(
             if kp >= size:
                 pieces.append(torch.arange(start, start + size, device=device))
             else:
-                top = torch.topk(_native.abs_into_room(acc[start : start + size]), kp,
+                top = torch.topk(ops.abs_into_workspace(acc[start : start + size]), kp,
                                  sorted=False).indices
                 pieces.append(top.add_(start))
             continue

@@ -20,15 +20,12 @@ from __future__ import annotations
 import functools
 import math
 
-import numpy as np
 import torch
 
-from compressors import _native
 from compressors.base import (
     Context,
     Outcome,
     Protocol,
-    Selected,
     Sparsifier,
     SparseSent,
     check_ratio,
@@ -37,9 +34,10 @@ from compressors.base import (
     target_k,
     union_size,
 )
+from compressors.kernels import ops
+from compressors.kernels.ops import Selected
 from compressors.registry import register
 from compressors.requests import AllGather
-from compressors.counter_stream import counter_hash, draw_seed, draw_seed_words, seed_words
 
 
 def check_sampling(sample_ratio: float, min_sample_top: int) -> tuple[float, int]:
@@ -65,17 +63,6 @@ def sample_size(numel: int, ratio: float, sample_ratio: float, min_sample_top: i
     return max(1, min(numel, max(by_ratio, by_floor)))
 
 
-def flat_nonzero(mask: torch.Tensor) -> torch.Tensor:
-    """Positions of the True entries of a 1-D bool mask, ascending (int64).
-
-    On CPU, numpy's flatnonzero on the shared buffer (no copy) is several times faster than
-    torch.nonzero (measured ~0.4 vs ~3 ms at 2.6M elements, one thread); on accelerators
-    torch.nonzero is the compaction kernel to use."""
-    if mask.device.type == "cpu":
-        return torch.from_numpy(np.flatnonzero(mask.numpy()))
-    return torch.nonzero(mask).squeeze(1)
-
-
 def sample_threshold(
     acc: torch.Tensor,
     ratio: float,
@@ -91,10 +78,10 @@ def sample_threshold(
 
     Below 2³¹ elements the s positions come from a counter-based stream keyed by one
     64-bit seed drawn from `generator`: p_i = (h(i)·d) >> 32 with
-    compressors.counter_stream.counter_hash h, so the native kernels (C++ on the CPU,
+    compressors.kernels.counter_stream.counter_hash h, so the kernels (C++ on the CPU,
     Triton on CUDA) draw and read the sample in one pass without a positions tensor, and
-    the torch path computes the same p_i: every device reads the same positions for the
-    same seed. (The multiply-shift map gives each position probability ⌊2³²/d⌋/2³² or
+    the torch twin computes the same p_i: every device reads the same positions for the
+    same seed (ops.sample_abs). (The multiply-shift map gives each position probability ⌊2³²/d⌋/2³² or
     ⌈2³²/d⌉/2³², within d/2³² of uniform: 0.6% relative at d = 26M.) Larger tensors draw
     their positions with torch.randint.
 
@@ -114,23 +101,7 @@ def sample_threshold(
         sample = acc.abs().to(stat_dtype)
         top = k
     else:
-        flat = acc.reshape(-1)
-        if numel < 2**31:
-            if flat.is_cuda and generator.device == flat.device and _native.supports(flat):
-                # draw_seed's words, left on the device for the kernel
-                sample = _native.sample_abs(flat, s, draw_seed_words(generator))
-            elif _native.supports(flat):
-                sample = _native.sample_abs(flat, s, *seed_words(draw_seed(generator)))
-            else:
-                seed = draw_seed(generator)
-                positions = counter_hash(torch.arange(s, dtype=torch.int64, device=acc.device),
-                                         seed)
-                positions.mul_(numel).bitwise_right_shift_(32)
-                sample = flat.index_select(0, positions).abs()
-        else:
-            positions = torch.randint(0, numel, (s,), generator=generator, device=acc.device)
-            sample = flat.index_select(0, positions).abs()
-        sample = sample.to(stat_dtype)
+        sample = ops.sample_abs(acc.reshape(-1), s, generator).to(stat_dtype)
         top = max(1, min(s, math.ceil(s * ratio * (1 - 1e-12))))
     if sample.device.type == "cpu":
         # The top-th largest (= the minimum of the top `top`) by a selection in place:
@@ -186,6 +157,10 @@ class DGC(Sparsifier):
             )
         self.max_overselect = float(max_overselect)
 
+    def target(self, numel: int) -> int:
+        """k for a tensor of numel elements: ⌊d·δ⌋, at least 1 (target_k)."""
+        return target_k(numel, self.ratio)
+
     def overselect_limit(self, k: int) -> int:
         """Most elements kept without re-top-k: ⌊max_overselect·k⌋ (a limit past 2^62
         means never: more elements than any tensor holds)."""
@@ -194,47 +169,37 @@ class DGC(Sparsifier):
 
     def select_with_stats(
         self, acc: torch.Tensor, k: int, ctx: Context
-    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor | None]:
+    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
         """(indices, threshold, candidates above the threshold, acc's values at the
-        indices when the selection pass wrote them, else None)."""
+        indices, written by the selection pass)."""
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
-        if _native.supports(acc):
-            # One fused pass: positions and values of the candidates (the values sent), no
-            # full-size buffer (and the folded NaN/Inf check when the Session asks:
-            # ctx.check_finite). (on CUDA the threshold stays on the device: the total is
-            # the one wait)
-            candidates, values = _native.select(acc, threshold, values=True, signed=True,
-                                                check_finite=ctx.check_finite, reserve=k)
-        else:
-            magnitude = acc.abs()
-            candidates = flat_nonzero(magnitude >= threshold)
-            values = None
+        # One pass: positions and values of the candidates (the values sent), with the
+        # folded NaN/Inf check when the Session asks (ctx.check_finite); fused, with no
+        # full-size buffer, where a kernel takes acc (on CUDA the threshold stays on the
+        # device: the total is the one wait).
+        candidates, values = ops.select(acc, threshold, values=True, signed=True,
+                                        check_finite=ctx.check_finite, reserve=k)
         count = candidates.numel()
-        if count > self.overselect_limit(k):
-            chosen = (magnitude.index_select(0, candidates) if values is None
-                      else values.abs())
-            best = torch.topk(chosen, k, sorted=False).indices
-            candidates = candidates[best]
-            values = None if values is None else values[best]
+        if count > self.overselect_limit(k):  # the re-top-k among the candidates
+            best = torch.topk(values.abs(), k, sorted=False).indices
+            candidates, values = candidates[best], values[best]
         return candidates, threshold, count, values
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         indices, _, _, values = self.select_with_stats(acc, k, ctx)
-        return indices if values is None else Selected(indices, values)
+        return Selected(indices, values)
 
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
-        # The sample reads 1% of acc; the selection pass reads all of it and checks.
-        return _native.supports(acc)
+        # The sample reads 1% of acc; the fused selection pass reads all of it and checks.
+        return ops.supports(acc)
 
     def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
         numel = acc.numel()
-        k = target_k(numel, self.ratio)
+        k = self.target(numel)
         indices, threshold, count, values = self.select_with_stats(acc, k, ctx)
         indices = indices.to(index_dtype(numel))
-        if values is None:
-            values = acc.index_select(0, indices)
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
         aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
                                 out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,

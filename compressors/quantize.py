@@ -30,75 +30,29 @@ from compressors.base import (
     Segment,
     Sent,
 )
-from compressors import _native
-from compressors._native import thc_native
-from compressors.counter_stream import draw_seed
-from compressors.requests import AllGather, AllReduce
+from compressors.kernels.counter_stream import draw_seed
+
+# The 1-bit packing (signs 8 to a byte, most significant first), one rank's signs or
+# levels added into a total (weights per group of `Groups`), and QSGD's and TernGrad's
+# signed stochastic rounding with the counter stream's noise (reference.py defines them):
+# one fused pass each where the C++ kernels take the tensor, the same bits either way.
+from compressors.kernels.ops import (
+    add_levels_,
+    add_signs_,
+    pack_signs,
+    stochastic_levels,
+    unpack_signs,
+)
 from compressors.registry import register
-from compressors.thc import hash_noise
+from compressors.requests import AllGather, AllReduce
 
 # The payloads below cover every element (packed) and are allgathered.
 ALLGATHER = Pattern.DENSE_ALLGATHER
-
-_BIT_WEIGHTS: dict[str, torch.Tensor] = {}  # by device: 128, 64, ..., 1
-_SIGN_TABLES: dict[tuple[torch.dtype, str], torch.Tensor] = {}
 
 
 # ---------------------------------------------------------------------------------------
 # Shared pieces: 1-bit packing, per-tensor (or per-bucket) reductions, lazy local decode.
 # ---------------------------------------------------------------------------------------
-
-
-def pack_signs(x: torch.Tensor) -> torch.Tensor:
-    """Bit i of the output is 1 where x[i] ≥ 0 (most significant bit first), 8 signs per
-    uint8; the last byte is padded with zeros. ceil(d/8) bytes. Contiguous CPU float32 or
-    float64 take one native pass (the same bytes, no full-size bool or byte tensors)."""
-    if _native.supports_cpu(x):
-        return _native.pack_signs(x)
-    bits = x >= 0
-    pad = (-bits.numel()) % 8
-    if pad:
-        bits = torch.cat([bits, bits.new_zeros(pad)])
-    weights = _BIT_WEIGHTS.get(str(x.device))
-    if weights is None:
-        powers = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
-        weights = _BIT_WEIGHTS[str(x.device)] = powers.to(x.device)
-    return (bits.view(-1, 8).view(torch.uint8) * weights).sum(1, dtype=torch.uint8)
-
-
-def unpack_signs(packed: torch.Tensor, numel: int, dtype: torch.dtype) -> torch.Tensor:
-    """±1 per element (+1 for a set bit) of `dtype`, decoded by a 256-entry lookup table:
-    one gather, no per-bit passes."""
-    key = (dtype, str(packed.device))
-    table = _SIGN_TABLES.get(key)
-    if table is None:
-        bytes_ = torch.arange(256, dtype=torch.int32)
-        shifts = torch.arange(7, -1, -1, dtype=torch.int32)
-        bits = (bytes_[:, None] >> shifts) & 1
-        table = _SIGN_TABLES[key] = (bits * 2 - 1).to(dtype=dtype, device=packed.device)
-    return table.index_select(0, packed.to(torch.int32)).view(-1)[:numel]
-
-
-def add_signs_(total: torch.Tensor, packed: torch.Tensor, groups: Groups,
-               weights: torch.Tensor) -> torch.Tensor:
-    """total += unpack_signs(packed) · weights[group], in place (one rank's decoded signs:
-    SignSGD's votes, EF-SignSGD's scaled signs). On the CPU one native pass with the same
-    bits (±1·w is exactly ±w), without the unpacked full-size tensor."""
-    if _native.supports_signs(total):
-        return _native.add_signs_(total, packed, groups.offsets, weights.to(total.dtype))
-    return total.add_(groups.scale_(unpack_signs(packed, total.numel(), total.dtype),
-                                    weights.to(total.dtype)))
-
-
-def add_levels_(total: torch.Tensor, levels: torch.Tensor, groups: Groups,
-                weights: torch.Tensor) -> torch.Tensor:
-    """total += float32(levels) · weights[group], in place (one rank's decoded QSGD or
-    TernGrad levels into a float32 total). On the CPU one native pass with the same bits
-    (the product rounded, then the sum), without the converted full-size tensor."""
-    weights = weights.to(torch.float32)
-    if _native.supports_levels(total, levels):
-        return _native.add_levels_(total, levels, groups.offsets, weights)
-    return total.add_(groups.scale_(levels.to(torch.float32), weights))
 
 
 def level_dtype(max_abs: int, summed: bool = False) -> torch.dtype:
@@ -269,35 +223,6 @@ def _groups(ctx: Context, acc: torch.Tensor, bucket_size: int | None = None) -> 
     return cached[1]
 
 
-def stochastic_levels(x: torch.Tensor, groups: Groups, inv: torch.Tensor,
-                      bound: torch.Tensor | None, levels: int, seed: int,
-                      dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
-    """QSGD's and TernGrad's signed stochastic rounding, per element of group g:
-        a = min(|x_i|, bound[g]) · inv[g]   (no bound when None),
-        l = min(⌊a⌋ + [u_i < a − ⌊a⌋], levels),   out_i = sign(x_i) · l   (dtype),
-    so E[l] = a for a ≤ levels. u_i ∈ [0, 1) is THC's counter-based stream keyed by `seed`
-    (compressors.counter_stream; 26M draws of torch.rand with a generator took ~200 ms
-    here). Contiguous CPU float32 takes one fused native pass (thc_native) with the same
-    bits as the torch expression below, which the other inputs run (in x's dtype).
-    `out`: where to write the levels (a contiguous tensor of x's numel and `dtype` on x's
-    device, such as a buffer kept between steps) instead of a fresh tensor."""
-    if (x.dtype == torch.float32 and levels <= 1 << 24 and dtype in thc_native.LEVEL_BYTES
-            and _native.supports_cpu(x)):
-        return thc_native.stochastic_levels(
-            x, groups.offsets, inv.float().contiguous(),
-            None if bound is None else bound.float().contiguous(), levels, seed, dtype,
-            out=out)
-    a = x.abs()
-    if bound is not None:
-        a = torch.minimum(a, groups.per_element(bound.to(x.dtype)))
-    scaled = groups.scale_(a, inv.to(x.dtype))
-    level = scaled.floor()
-    noise = hash_noise(x.numel(), seed, x.device).to(x.dtype)
-    level.add_(noise < scaled.sub_(level)).clamp_(max=levels)
-    level.mul_(x.sign())
-    return level.to(dtype) if out is None else out.copy_(level)
-
-
 def _work_dtype(dtype: torch.dtype) -> torch.dtype:
     """Statistics of 16-bit inputs are computed in float32."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
@@ -343,7 +268,7 @@ class SignSGD(Compressor):
         voting = (groups.abs_max(acc) > 0).to(torch.int8)
         all_signs, all_voting = yield (AllGather(packed), AllGather(voting))
 
-        votes = ctx.room("votes", numel, level_dtype(ctx.world_size), acc.device).zero_()
+        votes = ctx.workspace("votes", numel, level_dtype(ctx.world_size), acc.device).zero_()
         for signs, flags in zip(all_signs, all_voting):
             add_signs_(votes, signs, groups, flags)
         if self.aggregation == "majority":
@@ -482,11 +407,11 @@ class QSGD(Compressor):
         inv = torch.where(norms > 0, self.levels / norms.clamp_min(torch.finfo(work).tiny),
                           0.0).to(work)
         # s·|v_i|/‖v‖ ∈ [0, s], rounded stochastically to an integer level, signed
-        # the levels in a room kept per tensor (the wire, and error feedback's at the end of
-        # the step: Context.room)
+        # the levels in a workspace kept per tensor (the wire, and error feedback's at the
+        # end of the step: Context.workspace)
         wire_dtype = level_dtype(self.levels)
         wire = stochastic_levels(x, groups, inv, None, self.levels, draw_seed(ctx.generator),
-                                 wire_dtype, out=ctx.room("levels", numel, wire_dtype, x.device))
+                                 wire_dtype, out=ctx.workspace("levels", numel, wire_dtype, x.device))
         norms = norms.float()
         all_levels, all_norms = yield (AllGather(as_bytes(wire)), AllGather(norms))
 
@@ -564,14 +489,15 @@ class TernGrad(Compressor):
         # b_i ~ Bernoulli(min(|g_i|, cσ)/s), sent as sign(g_i)·b_i (the levels of s = 1);
         # an all-zero tensor (s = 0) gives zeros, not 0/0.
         inv = torch.where(scaler > 0, 1.0 / scaler.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
-        # the levels, and the allreduce's copy of them, in rooms kept per tensor (Context.room)
+        # the levels, and the allreduce's copy of them, in workspaces kept per tensor
+        # (Context.workspace)
         ternary = stochastic_levels(x.to(torch.float32), groups, inv,
                                     None if bound is None else bound.float(), 1,
                                     draw_seed(ctx.generator), torch.int8,
-                                    out=ctx.room("levels", numel, torch.int8, x.device))
+                                    out=ctx.workspace("levels", numel, torch.int8, x.device))
 
         if self.scaler_sharing:
-            wire = ctx.room("wire", numel, level_dtype(ctx.world_size, summed=True),
+            wire = ctx.workspace("wire", numel, level_dtype(ctx.world_size, summed=True),
                             x.device).copy_(ternary)
             summed = yield AllReduce(wire)
             total = ctx.aggregate_buffer(numel, torch.float32, acc.device, zero=False)

@@ -45,7 +45,7 @@ import json
 import math
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 from importlib import resources
@@ -374,6 +374,34 @@ def get_table(bits: int, granularity: int, p: float, symmetric: bool = False) ->
         if table is not None:
             return table
     return _solved(bits, granularity, float(p), symmetric)
+
+
+def resolve_table(bits: int, granularity: int, p: float,
+                  table: str | Sequence[int] | None = None) -> tuple[int, ...]:
+    """The table THC(table=...) uses: None for the optimal table of (bits, granularity, p),
+    "symmetric" for the best mirror-symmetric one (the authors' published tables), or
+    explicit values, checked: 2^b strictly increasing integers from 0 to g."""
+    if table is None:
+        return get_table(bits, granularity, p)
+    if isinstance(table, str):
+        if table != "symmetric":
+            raise ValueError(
+                f"table={table!r}: give None (optimal), 'symmetric' or the table values"
+            )
+        return get_table(bits, granularity, p, symmetric=True)
+    values = tuple(int(v) for v in table)
+    size = 2**bits
+    if (
+        len(values) != size
+        or values[0] != 0
+        or values[-1] != granularity
+        or any(b <= a for a, b in zip(values, values[1:]))
+    ):
+        raise ValueError(
+            f"table={list(table)!r} must hold {size} strictly increasing integers from 0 to "
+            f"granularity={granularity} (0 = T[0] < … < T[{size - 1}] = g)"
+        )
+    return values
 
 
 def standard_configs() -> list[tuple[int, int, float]]:

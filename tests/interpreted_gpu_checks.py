@@ -1,4 +1,4 @@
-"""The Triton kernels of compressors/_native/gpu.py run by Triton's CPU interpreter on CPU
+"""The Triton kernels of compressors/kernels/cuda.py run by Triton's CPU interpreter on CPU
 tensors, against the torch expressions they replace. Not collected by default (the file
 name): tests/test_gpu_kernels.py runs it in a fresh Python with TRITON_INTERPRET=1, which
 must be set before triton is first imported."""
@@ -9,8 +9,11 @@ import pytest
 import torch
 
 from compressors import dragonn
-from compressors._native import gpu as kernels, gpu_sidco
-from compressors.counter_stream import counter_hash, seed_words
+from compressors.kernels import cuda as kernels
+from compressors.kernels import cuda_sidco as gpu_sidco
+from compressors.kernels import reference, sidco_pipeline
+from compressors.kernels.counter_stream import counter_hash, seed_words
+from compressors.kernels.types import Selected
 
 if not kernels.INTERPRETED:
     raise RuntimeError("run with TRITON_INTERPRET=1 (tests/test_gpu_kernels.py does)")
@@ -48,7 +51,7 @@ def test_select_and_count_equal_torch(n, quantile, strict):
 
 @pytest.mark.parametrize("n", SIZES)
 def test_select_check_finite_finds_nan_and_inf_anywhere(n):
-    from compressors._native import NonFinite
+    from compressors.kernels.types import NonFinite
 
     x = _laplace(n, seed=n + 7)
     t = float(x.abs().kthvalue(max(1, n - 3)).values)
@@ -126,10 +129,10 @@ def test_dragonn_slots_equal_write_slots(numel, nk, m):
     acc = torch.randn(numel, generator=g)
     keys = torch.randperm(numel, generator=g)[:nk].sort().values
     seeds = dragonn.draw_hash_seeds(g)
-    index_bits, priority_bits = dragonn.priority_layout(numel)
+    index_bits, priority_bits = reference.priority_layout(numel)
     slots, values = kernels.dragonn_slots(keys, m, index_bits, priority_bits,
                                           tuple(seeds.tolist()), acc)
-    ref = dragonn.write_slots(keys, m, seeds, numel)
+    ref = reference.write_slots(keys, m, seeds, numel)
     assert torch.equal(slots, ref)  # collisions (nk > m) resolved the same way
     assert torch.equal(values, torch.where(ref >= 0, acc[ref.clamp(min=0)], 0.0))
     bare, none = kernels.dragonn_slots(keys, m, index_bits, priority_bits,
@@ -214,10 +217,10 @@ def test_self_test_passes_and_reports_a_broken_kernel(monkeypatch):
 @pytest.mark.parametrize("above", [None, 0.0, 1e-3])
 @pytest.mark.parametrize("nan", [False, True])
 def test_stats_equal_the_cpu_kernels(flags, above, nan):
-    # every field as compressors._native.stats gives it on the CPU (the C++ library),
+    # every field as compressors.kernels.cpu.stats gives it (the C++ library),
     # including zeros, a NaN, and `above` over which nothing or everything passes; the
     # nonzeros alone (SIDCo's first reads) too
-    from compressors import _native
+    from compressors.kernels import cpu as _native
 
     squares, extremes, logs, nonzeros = flags
     x = _laplace(9000, seed=2)
@@ -247,12 +250,12 @@ def test_dragonn_slots_keep_the_priority_bits_beyond_2_to_31_elements():
     keys = torch.cat([torch.randint(0, 2**31, (600,), generator=g),
                       torch.tensor([2**31, 2**31 + 4])]).unique()
     seeds = dragonn.draw_hash_seeds(g)
-    index_bits, priority_bits = dragonn.priority_layout(numel)
+    index_bits, priority_bits = reference.priority_layout(numel)
     assert priority_bits == 31
     slots, none = kernels.dragonn_slots(keys, 97, index_bits, priority_bits,
                                         tuple(seeds.tolist()), torch.zeros(1), values=False)
     assert none is None
-    assert torch.equal(slots, dragonn.write_slots(keys, 97, seeds, numel))
+    assert torch.equal(slots, reference.write_slots(keys, 97, seeds, numel))
 
 
 @pytest.mark.parametrize("n", [1, 13, 2 * 4096 + 37])
@@ -297,8 +300,8 @@ def test_dragonn_encode_writes_the_slots_of_select_then_write_slots(numel, kept,
         t = float(acc.abs().max()) * 2
     keys = torch.nonzero(acc.abs() >= t).squeeze(1)
     seeds = dragonn.draw_hash_seeds(g)
-    layout = dragonn.priority_layout(numel)
-    ref = dragonn.write_slots(keys, m, seeds, numel)
+    layout = reference.priority_layout(numel)
+    ref = reference.write_slots(keys, m, seeds, numel)
     for check in (False, True):
         slots, values, found = kernels.dragonn_encode(acc, torch.tensor([t]), m, *layout,
                                                       seeds, check_finite=check)
@@ -311,7 +314,7 @@ def test_dragonn_encode_flags_nan_and_inf_only_when_asked():
     acc = _laplace(3 * 4096 + 5, seed=12)
     t = torch.tensor([float(acc.abs().kthvalue(acc.numel() - 30).values)])
     seeds = torch.tensor([7, 2**32 - 1])
-    layout = dragonn.priority_layout(acc.numel())
+    layout = reference.priority_layout(acc.numel())
     for where in (0, 4096 + 1000, acc.numel() - 1):
         for bad in (float("nan"), float("inf")):
             y = acc.clone()
@@ -325,12 +328,11 @@ def test_dragonn_encode_flags_nan_and_inf_only_when_asked():
 
 
 # ----------------------------------------------------------------------------------------
-# SIDCo's device-side stages (compressors/_native/gpu_sidco.py, sidco._select_device)
+# SIDCo's device-side stages (compressors/kernels/cuda_sidco.py, sidco_pipeline.select_device)
 
 
 def _sidco(name: str, ratio: float):
     import compressors
-    from compressors import sidco
     from compressors.base import Context
 
     s = compressors.build(name, ratio=ratio)
@@ -342,21 +344,31 @@ def _sidco(name: str, ratio: float):
     return s, stage_count, ctx
 
 
+def _device(fits, acc, stages, ctx, k, **kwargs):
+    """sidco_pipeline.select_device for a variant, with a step's Context."""
+    return sidco_pipeline.select_device(acc, k, stages, fits, ctx.state, ctx.check_finite,
+                                        **kwargs)
+
+
+def _host(fits, acc, stages, ctx, k):
+    """sidco_pipeline.select_host for a variant, with a step's Context."""
+    return sidco_pipeline.select_host(acc, k, stages, fits, ctx.state, ctx.check_finite)
+
+
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01, 0.3])
 @pytest.mark.parametrize("n", [50_000, 123_457])
 def test_sidco_device_stages_select_what_the_host_path_selects(name, ratio, n):
-    from compressors import sidco
 
     s, stage_count, ctx = _sidco(name, ratio)
     acc = _laplace(n, seed=n)
     k = max(1, int(ratio * n))
-    got, threshold, speculated = s._select_device(acc, stage_count, ctx(), k)
-    want, host_threshold, _ = s._select_host(acc, stage_count, ctx(), k)
-    ref, ref_threshold = s._select_reference(acc, stage_count)
+    got, threshold, speculated = _device(s, acc, stage_count, ctx(), k)
+    want, host_threshold, _ = _host(s, acc, stage_count, ctx(), k)
+    ref, ref_threshold = s.select_reference(acc, stage_count)
     assert got.indices.dtype == torch.int64 and torch.equal(got.indices, ref)
     assert torch.equal(got.values, acc[ref])  # signed, as sent
-    assert sidco._same_selection(got, want) and speculated is None
+    assert sidco_pipeline.same_selection(got, want) and speculated is None
     # the same fits; the sums are added in another order than on the host path
     assert threshold == pytest.approx(host_threshold, rel=1e-12)
     assert threshold == pytest.approx(ref_threshold, rel=1e-12)
@@ -365,40 +377,39 @@ def test_sidco_device_stages_select_what_the_host_path_selects(name, ratio, n):
 
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
 def test_sidco_device_stages_flag_what_the_host_path_decides(monkeypatch, name):
-    from compressors import sidco
-    from compressors._native import NonFinite
+    from compressors.kernels.types import NonFinite
 
     s, stage_count, ctx = _sidco(name, 0.001)
     acc = _laplace(60_001, seed=4)
-    assert s._select_device(torch.zeros(60_001), stage_count, ctx(), 60) == (None, 0.0, None)
+    assert _device(s, torch.zeros(60_001), stage_count, ctx(), 60) == (None, 0.0, None)
     # a mean that needs rescaling: the reference path's (None), as on the host
-    assert s._select_device(acc * 1e-10, stage_count, ctx(), 60) is None
-    assert s._select_host(acc * 1e-10, stage_count, ctx(), 60) is None
+    assert _device(s, acc * 1e-10, stage_count, ctx(), 60) is None
+    assert _host(s, acc * 1e-10, stage_count, ctx(), 60) is None
     bad = acc.clone()
     bad[777] = float("nan")
     with pytest.raises(NonFinite):
-        s._select_device(bad, stage_count, ctx(check_finite=True), 60)
-    assert s._select_device(bad, stage_count, ctx(), 60) is None  # left to the reference path
+        _device(s, bad, stage_count, ctx(check_finite=True), 60)
+    assert _device(s, bad, stage_count, ctx(), 60) is None  # left to the reference path
     # what the device path does not decide goes to the host path, with its result
     redone = []
-    real = sidco._SIDCo._select_host
+    real = sidco_pipeline.select_host
 
-    def host(self, *args):
+    def host(*args, **kwargs):
         redone.append(args[0])
-        return real(self, *args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(sidco._SIDCo, "_select_host", host)
+    monkeypatch.setattr(sidco_pipeline, "select_host", host)
     constant = torch.full((60_001,), 0.5)  # GP: a point mass; E: nothing above stage 1
     constant[::3] = -0.5
-    got = s._select_device(constant, stage_count, ctx(), 60)
+    got = _device(s, constant, stage_count, ctx(), 60)
     assert redone and redone[-1] is constant
-    ref, _ = s._select_reference(constant, stage_count)
+    ref, _ = s.select_reference(constant, stage_count)
     assert torch.equal(got[0].indices.long(), ref)
     assert ref.numel() == (60_001 if name == "sidco_gp" else 0)
 
 
 def test_sidco_device_pool_past_its_buffer_is_flagged():
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
 
     acc = _laplace(30_000, seed=2)
     stages = dev.Stages(acc, 2)
@@ -435,7 +446,7 @@ def test_sidco_device_pool_past_its_buffer_is_flagged():
 def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict):
     # one pass (_compact_kernel) over a pool of several tiles whose buffer holds more
     # than its count: what lies past the count is never taken, positions are acc's
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
 
     n = 5 * dev.COMPACT_BLOCK + 77
     acc = _laplace(n, seed=31)
@@ -459,7 +470,8 @@ def test_sidco_device_compaction_of_a_pool_keeps_acc_positions_and_order(strict)
     assert torch.equal(inner.positions[:got], want)
     assert torch.equal(inner.values[:got], acc[want])  # signed
     assert (10 in inner.positions[:got].tolist()) == (not strict)
-    # the scratch is sized for slots + 1 passes that compact; one more is a caller's bug
+    # the look-back region is sized for slots + 1 passes that compact; one more is a
+    # caller's bug
     stages.compact(pool, 1, 0.0, cap=n)
     stages.compact(pool, 1, 0.0, cap=n)
     with pytest.raises(RuntimeError, match="more passes that compact"):
@@ -480,7 +492,7 @@ def test_sidco_device_compaction_gives_up_on_a_silent_tile():
     # tile 0: tickets start at 1) stops waiting after SPIN polls and flags the step for
     # the host path (the count, written by the tile with the last ticket, is not checked:
     # the step is redone)
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
 
     progs = 4
     n = progs * dev.COMPACT_BLOCK
@@ -539,7 +551,7 @@ def test_look_back_adds_words_back_to_the_first_sum(case):
     # the look-back's window of LOOK_BACK words: aggregates (flag 1) added back to the
     # nearest inclusive sum (flag 2, whose value counts from tile 0) or tile 0, across
     # windows; a tile never heard from ends the wait after SPIN polls with found False
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
 
     assert dev.LOOK_BACK == 32
     tile, inclusive, gaps, first, want_found = LOOK_BACK_CASES[case]
@@ -558,27 +570,26 @@ def test_look_back_adds_words_back_to_the_first_sum(case):
     assert mine == ((prefix + local) << 2) | 2
 
 
-def test_sidco_device_pools_get_more_room_after_one_outgrew_its_buffer():
-    from compressors import sidco
+def test_sidco_device_pools_get_more_capacity_after_one_outgrew_its_buffer():
 
     s, stage_count, ctx = _sidco("sidco_e", 0.001)
     acc = _laplace(123_457, seed=8)
     state = ctx()
-    state.state["device_room"] = 1e-6  # buffers of 4096: the first pool (~6%) overflows
-    got = s._select_device(acc, stage_count, state, 123)
-    assert sidco._same_selection(got[0], s._select_host(acc, stage_count, ctx(), 123)[0])
-    assert state.state["device_room"] == 2e-6
-    state.state["device_room"] = sidco.DEVICE_ROOM
-    s._select_device(acc, stage_count, state, 123)
-    assert state.state["device_room"] == sidco.DEVICE_ROOM  # no overflow: unchanged
+    state.state["pool_capacity"] = 1e-6  # buffers of 4096: the first pool (~6%) overflows
+    got = _device(s, acc, stage_count, state, 123)
+    assert sidco_pipeline.same_selection(got[0], _host(s, acc, stage_count, ctx(), 123)[0])
+    assert state.state["pool_capacity"] == 2e-6
+    state.state["pool_capacity"] = sidco_pipeline.POOL_CAPACITY
+    _device(s, acc, stage_count, state, 123)
+    assert state.state["pool_capacity"] == sidco_pipeline.POOL_CAPACITY  # no overflow: unchanged
 
 
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp"])
 def test_sidco_device_stages_copy_to_the_host_once(monkeypatch, name):
     # the host-driven path's calls each wait for the device (8 at δ = 0.001: five
     # statistics, two compactions, the selection); the device path's one copy is the board
-    from compressors import _native
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
+    from compressors.kernels import ops as _native
 
     def waits(*args, **kwargs):
         raise AssertionError("a host-driven call (it waits for the device)")
@@ -596,11 +607,11 @@ def test_sidco_device_stages_copy_to_the_host_once(monkeypatch, name):
 
     monkeypatch.setattr(dev.Stages, "read", read)
     s, stage_count, ctx = _sidco(name, 0.001)
-    got = s._select_device(_laplace(123_457, seed=3), stage_count, ctx(), 123)
+    got = _device(s, _laplace(123_457, seed=3), stage_count, ctx(), 123)
     assert stage_count == 5 and got[0].indices.numel() > 0 and reads == [1]
     # and so does a step whose first read is speculative
     state = ctx()
-    taken = [s._select_device(g, stage_count, state, 123)[2] for g in _growing(123_457, 3)]
+    taken = [_device(s, g, stage_count, state, 123)[2] for g in _growing(123_457, 3)]
     assert taken == [None, None, True] and reads == [1] * 4
 
 
@@ -614,7 +625,6 @@ def _growing(n: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01])
 def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, ratio):
-    from compressors import sidco
 
     s, stage_count, ctx = _sidco(name, ratio)
     on_device, on_host = ctx(), ctx()
@@ -622,11 +632,11 @@ def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, 
     k = max(1, int(ratio * n))
     taken = []
     for acc in _growing(n, 5):
-        got, threshold, speculated = s._select_device(acc, stage_count, on_device, k)
-        want, host_threshold, _ = s._select_host(acc, stage_count, on_host, k)
-        ref, ref_threshold = s._select_reference(acc, stage_count)
+        got, threshold, speculated = _device(s, acc, stage_count, on_device, k)
+        want, host_threshold, _ = _host(s, acc, stage_count, on_host, k)
+        ref, ref_threshold = s.select_reference(acc, stage_count)
         assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
-        assert sidco._same_selection(got, want)
+        assert sidco_pipeline.same_selection(got, want)
         assert threshold == pytest.approx(host_threshold, rel=1e-12)
         assert threshold == pytest.approx(ref_threshold, rel=1e-12)
         taken.append(speculated)
@@ -644,16 +654,15 @@ def _zero_heavy(n: int, zeros: float, seed: int) -> torch.Tensor:
 
 def _spy_host(monkeypatch) -> list:
     """Records each call of the host-driven path (a step the device path redid)."""
-    from compressors import sidco
 
     redone = []
-    real = sidco._SIDCo._select_host
+    real = sidco_pipeline.select_host
 
-    def host(self, *args):
+    def host(*args, **kwargs):
         redone.append(args[0])
-        return real(self, *args)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(sidco._SIDCo, "_select_host", host)
+    monkeypatch.setattr(sidco_pipeline, "select_host", host)
     return redone
 
 
@@ -672,19 +681,18 @@ def test_sidco_device_stages_on_zero_heavy_tensors_select_what_the_host_path_sel
     # stage's ratio decided on the device: the same selection and thresholds as the
     # host-driven path and the reference, with no redo except where ρ ≥ 1 (SIDCo-P's
     # gamma stage is fitted on the host, which then decides every case)
-    from compressors import sidco
 
     s, _, ctx = _sidco(name, ratio)
     n = 60_013
     acc = _zero_heavy(n, zeros, seed=int(zeros * 1000))
     k = max(1, int(ratio * n))
     redone = _spy_host(monkeypatch)
-    got, threshold, _ = s._select_device(acc, stage_count, ctx(), k)
+    got, threshold, _ = _device(s, acc, stage_count, ctx(), k)
     assert bool(redone) == (not device_decides and name != "sidco_p")
-    want, host_threshold, _ = s._select_host(acc, stage_count, ctx(), k)
-    ref, ref_threshold = s._select_reference(acc, stage_count)
+    want, host_threshold, _ = _host(s, acc, stage_count, ctx(), k)
+    ref, ref_threshold = s.select_reference(acc, stage_count)
     assert torch.equal(got.indices.long(), ref) and torch.equal(got.values, acc[ref])
-    assert sidco._same_selection(got, want)
+    assert sidco_pipeline.same_selection(got, want)
     assert threshold == pytest.approx(host_threshold, rel=1e-12)
     assert threshold == pytest.approx(ref_threshold, rel=1e-12)
     wanted = min(ratio * n, int(torch.count_nonzero(acc)))
@@ -696,7 +704,6 @@ def test_sidco_device_stages_stop_where_a_pool_holds_no_more_than_k(monkeypatch,
     # two clusters of magnitudes above a small bulk: a later stage's pool holds no more
     # than k (the stop word on the board keeps the thresholds after it); the device path
     # selects what the host-driven path and the reference select, at every stage count
-    from compressors import sidco
 
     n = 60_013
     acc = torch.rand(n, generator=torch.Generator().manual_seed(4)) * 1e-3
@@ -704,11 +711,11 @@ def test_sidco_device_stages_stop_where_a_pool_holds_no_more_than_k(monkeypatch,
     acc[n - 40:] = 2.0  # fewer than k = 60
     s, _, ctx = _sidco(name, 0.001)
     for stage_count in (2, 3, 5, 7):
-        got, threshold, _ = s._select_device(acc, stage_count, ctx(), 60)
-        ref, ref_threshold = s._select_reference(acc, stage_count)
+        got, threshold, _ = _device(s, acc, stage_count, ctx(), 60)
+        ref, ref_threshold = s.select_reference(acc, stage_count)
         assert torch.equal(got.indices.long(), ref) and torch.equal(got.values, acc[ref])
         assert threshold == pytest.approx(ref_threshold, rel=1e-12)
-        assert sidco._same_selection(got, s._select_host(acc, stage_count, ctx(), 60)[0])
+        assert sidco_pipeline.same_selection(got, _host(s, acc, stage_count, ctx(), 60)[0])
 
 
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
@@ -717,7 +724,6 @@ def test_sidco_device_stages_stop_where_a_pool_holds_no_more_than_k(monkeypatch,
 def test_sidco_device_speculative_read_on_zero_heavy_tensors(name, zeros, ratio, speculates):
     # the speculative read counts the nonzeros for stage 1 too; where stage 1 is the only
     # stage no second threshold is guessed
-    from compressors import sidco
 
     s, stage_count, ctx = _sidco(name, ratio)
     on_device, on_host = ctx(), ctx()
@@ -728,11 +734,11 @@ def test_sidco_device_speculative_read_on_zero_heavy_tensors(name, zeros, ratio,
     taken = []
     for acc in _growing(n, 5, seed=4):
         acc[zero] = 0.0
-        got, threshold, speculated = s._select_device(acc, stage_count, on_device, k)
-        want, host_threshold, _ = s._select_host(acc, stage_count, on_host, k)
-        ref, ref_threshold = s._select_reference(acc, stage_count)
+        got, threshold, speculated = _device(s, acc, stage_count, on_device, k)
+        want, host_threshold, _ = _host(s, acc, stage_count, on_host, k)
+        ref, ref_threshold = s.select_reference(acc, stage_count)
         assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
-        assert sidco._same_selection(got, want)
+        assert sidco_pipeline.same_selection(got, want)
         assert threshold == pytest.approx(host_threshold, rel=1e-12)
         assert threshold == pytest.approx(ref_threshold, rel=1e-12)
         taken.append(speculated)
@@ -740,24 +746,24 @@ def test_sidco_device_speculative_read_on_zero_heavy_tensors(name, zeros, ratio,
 
 
 def test_sidco_device_speculation_that_misses_is_redone_without_it():
-    from compressors import sidco
 
     s, stage_count, ctx = _sidco("sidco_gp", 0.001)
     state = ctx()
     grads = _growing(123_457, 4, seed=3)
     grads[3] = grads[3] * 3  # thresholds 3× the guess: outside its window
-    taken = [s._select_device(acc, stage_count, state, 123)[2] for acc in grads[:3]]
+    taken = [_device(s, acc, stage_count, state, 123)[2] for acc in grads[:3]]
     assert taken == [None, None, True]
-    got, threshold, speculated = s._select_device(grads[3], stage_count, state, 123)
-    ref, ref_threshold = s._select_reference(grads[3], stage_count)
+    got, threshold, speculated = _device(s, grads[3], stage_count, state, 123)
+    ref, ref_threshold = s.select_reference(grads[3], stage_count)
     assert speculated is False and torch.equal(got.indices, ref)
     assert threshold == pytest.approx(ref_threshold, rel=1e-12)
     assert not state.state["speculation"]["would_hold"]  # none on the next step
-    assert s._select_device(grads[3], stage_count, state, 123)[2] is None
+    assert _device(s, grads[3], stage_count, state, 123)[2] is None
 
 
 def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
-    from compressors._native import gpu, gpu_sidco as dev
+    from compressors.kernels import cuda as gpu
+    from compressors.kernels import cuda_sidco as dev
 
     n = 7 * 4096 + 1234
     x = _laplace(n, seed=21)
@@ -789,7 +795,7 @@ def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
     flags, _, thresholds = stages.read()
     assert flags == 0 and thresholds[2] == pa  # the pool's bound, for the final check
     # buffers too small: flagged, with no write past them
-    stages = dev.Stages(x, 3, room=0.0)
+    stages = dev.Stages(x, 3, capacity=0.0)
     spec = stages.speculate(w * 0.5, u, pa * 0.5, pa_slot=2, squares=False,
                             mid_squares=False, logs=False, keep_window=0.0, keep_pool=0.0)
     assert spec.window.cap == spec.pool.cap == 4096
@@ -800,7 +806,7 @@ def test_sidco_device_speculative_read_gives_up_on_a_silent_tile():
     # A tile whose predecessor never publishes (here: no program takes tile 0, as the
     # ticket counter starts at 1) stops waiting after SPIN polls and flags the step for
     # the host path, instead of hanging; its successors go on from its word.
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
 
     n = 4 * dev.SPEC_BLOCK
     x = _laplace(n, seed=9)
@@ -808,52 +814,52 @@ def test_sidco_device_speculative_read_gives_up_on_a_silent_tile():
     progs = n // dev.SPEC_BLOCK
     part = torch.empty((7, progs), dtype=torch.float64)
     mid = torch.empty((3, progs), dtype=torch.float64)
-    scratch = torch.zeros(progs + 1, dtype=torch.int64)
-    scratch[0] = 1
+    words = torch.zeros(progs + 1, dtype=torch.int64)
+    words[0] = 1
     buffers = [torch.empty(n), torch.empty(n, dtype=torch.int64), torch.empty(n)]
     totals = torch.zeros(2, dtype=torch.int64)
     bounds = [float(q) for q in x.abs().quantile(torch.tensor([0.7, 0.8, 0.9]))]
     dev._spec_read_kernel[(progs - 1,)](
         x, n, *bounds, dev._f64_bits(bounds[1]), dev._f64_bits(bounds[2]), 2, part, mid,
-        scratch, buffers[0], n, buffers[1], buffers[2], n, totals, stages.board, stages.t32,
+        words, buffers[0], n, buffers[1], buffers[2], n, totals, stages.board, stages.t32,
         SQUARES=False, MID_SQUARES=False, LOGS=False, BLOCK=dev.SPEC_BLOCK, SPIN=8,
         num_warps=dev.SPEC_WARPS)
     assert int(stages.board[0]) == dev.FLAG_REDO
-    assert int(scratch[0]) == progs and int(scratch[-1]) & 3 == 2  # every tile published
+    assert int(words[0]) == progs and int(words[-1]) & 3 == 2  # every tile published
 
 
 def test_sidco_device_speculative_read_flags_nan_and_overflow():
-    from compressors import sidco
-    from compressors._native import NonFinite
+    from compressors.kernels.types import NonFinite
 
     s, stage_count, ctx = _sidco("sidco_e", 0.001)
     grads = _growing(123_457, 4, seed=5)
     state = ctx(check_finite=True)
-    assert [s._select_device(g, stage_count, state, 123)[2] for g in grads[:3]] == [None, None, True]
+    assert [_device(s, g, stage_count, state, 123)[2] for g in grads[:3]] == [None, None, True]
     bad = grads[3].clone()
     bad[4321] = float("inf")
     with pytest.raises(NonFinite):
-        s._select_device(bad, stage_count, state, 123)
-    # a pool past its buffer: the host path's selection, and more room for later steps
-    state.state["device_room"] = 1e-6
-    got = s._select_device(grads[3], stage_count, state, 123)
-    ref, _ = s._select_reference(grads[3], stage_count)
+        _device(s, bad, stage_count, state, 123)
+    # a pool past its buffer: the host path's selection, and more capacity for later steps
+    state.state["pool_capacity"] = 1e-6
+    got = _device(s, grads[3], stage_count, state, 123)
+    ref, _ = s.select_reference(grads[3], stage_count)
     assert torch.equal(got[0].indices.long(), ref)
     assert got[2] is True  # the guess held; the buffers were too small
-    assert state.state["device_room"] == 2e-6
+    assert state.state["pool_capacity"] == 2e-6
 
 
 def test_sidco_device_stages_check_passes_and_catches_a_wrong_selection(monkeypatch):
     from compressors import sidco
 
     for variant in (sidco.SIDCoExponential, sidco.SIDCoGeneralizedPareto):
-        assert sidco._check_device_stages(torch.device("cpu"), variant)
-    real = sidco._SIDCo._select_device
+        assert sidco_pipeline.check_device_stages(torch.device("cpu"), variant)
+    real = sidco_pipeline.select_device
 
-    def off_by_one(self, *args):
-        chosen, threshold, spec = real(self, *args)
-        return sidco.Selected(chosen.indices[1:], chosen.values[1:]), threshold, spec
+    def off_by_one(*args, **kwargs):
+        chosen, threshold, spec = real(*args, **kwargs)
+        return Selected(chosen.indices[1:], chosen.values[1:]), threshold, spec
 
-    monkeypatch.setattr(sidco._SIDCo, "_select_device", off_by_one)
+    monkeypatch.setattr(sidco_pipeline, "select_device", off_by_one)
     with pytest.warns(RuntimeWarning, match="device-side stages are unusable.*differs"):
-        assert not sidco._check_device_stages(torch.device("cpu"), sidco.SIDCoExponential)
+        assert not sidco_pipeline.check_device_stages(torch.device("cpu"),
+                                                      sidco.SIDCoExponential)

@@ -21,7 +21,7 @@ NUMEL = 4096
 DECODES_INTO_OUT = {
     "cltk", "deft", "dgc", "dragonn", "efsignsgd", "fp16", "gaussianksgd", "hard_threshold",
     "mstopk", "none", "qsgd", "randomk", "redsync", "signsgd", "sidco_e", "sidco_gp",
-    "sidco_p", "terngrad", "thc_uniform", "topk", "powersgd",
+    "sidco_p", "terngrad", "thc_uniform", "topk", "powersgd", "dgc_reference",
 }
 # THC's fused native decode (CPU float32) also writes into `out`.
 if compressors._native.available():

@@ -1,4 +1,4 @@
-"""No full-size buffer is allocated per step (issue 7): every registered compressor, in a
+"""No full-size buffer is allocated per step: every registered compressor, in a
 Session the way the DDP hook runs it (the gradient passed as `out`), after its first
 steps have set up its state. A fresh full-size tensor on the CPU is an mmap and a page
 fault per 4 KiB every step (~30 ms at 26M float32 elements), so each one shows in the
@@ -11,28 +11,29 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import compressors
-from compressors import Segment, Session, _native
+from compressors import Segment, Session
+from compressors.kernels import ops
 from compressors.requests import AllGather, AllReduce, as_round
 from compressors.simulated import drive_one
 
 # The claim is the native hot path's: the pure-torch reference paths (no compiler, or
 # GRADCOMP_NATIVE=0) materialise |acc|, masks and casts by design.
-needs_native = pytest.mark.skipif(not _native.available(),
+needs_native = pytest.mark.skipif(not ops.available(),
                                   reason="native kernels unavailable")
 
 SHAPE = (512, 512)  # a matrix, so PowerSGD compresses it
 NUMEL = SHAPE[0] * SHAPE[1]
 # A buffer of at least a byte per element counts as full-size: a 16-bit copy, and also
 # the 8-bit levels of QSGD, TernGrad, THC and SignSGD's votes (each kept per tensor between
-# steps now, Context.room). What is smaller is a message that scales with what is sent:
+# steps, Context.workspace). What is smaller is a message that scales with what is sent:
 # sparse pairs at δ = 0.001, packed signs.
 FULL = NUMEL
 # Compressors allowed a full-size allocation per step, each with its reason, as
 # (bytes per element, how many): the test also fails if they stop allocating it, so the
 # list stays true.
-# None is now: Top-k, CLT-k and DEFT give torch.topk an |acc| written into a room kept
-# between steps (_native.abs_into_room), and FP16 casts into a 16-bit wire kept per tensor
-# (Context.room); the first steps allocate them.
+# None is: Top-k, CLT-k and DEFT give torch.topk an |acc| written into a workspace kept
+# between steps (ops.abs_into_workspace), and FP16 casts into a 16-bit wire kept per
+# tensor (Context.workspace); the first steps allocate them.
 ALLOWED: dict[str, tuple[int, int]] = {}
 
 
@@ -76,7 +77,7 @@ def _full_size_allocations(name: str, feedback: str,
     grads = [torch.randn(SHAPE, generator=g) for _ in range(4)]
     # even steps: rank 0 leads (CLT-k, DEFT, THC), so the fake driver's answers are real;
     # three steps before the one profiled: SIDCo's first speculative read (on the third)
-    # gets its stream room then, once per thread
+    # gets its stream workspace then, once per thread
     for step in range(3):
         _exchange(session, grads[step], 2 * step)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

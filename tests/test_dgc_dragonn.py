@@ -11,18 +11,16 @@ import torch
 
 import compressors
 from compressors import Session, SimulatedGroup, drive
-from compressors.dgc import DGC, flat_nonzero, sample_size
+from compressors.dgc import DGC, sample_size
 from compressors.dragonn import (
     Dragonn,
     draw_hash_seeds,
     empirical_empty_fraction,
     empty_fraction_tail_bound,
     expected_empty_fraction,
-    hash32,
-    hash_slots,
     sparse_decode,
-    write_slots,
 )
+from compressors.kernels.reference import flat_nonzero, hash32, hash_slots, write_slots
 from repro.distributed import run
 from repro.sources import synthetic
 from repro.testing import run_ranks

@@ -1,5 +1,6 @@
-"""The native fused kernels (compressors._native) select exactly what the pure-torch
-reference paths select, and everything falls back cleanly without them.
+"""The fused kernels (compressors/kernels: ops.py picks them per tensor) select exactly
+what the pure-torch reference paths select, and everything falls back cleanly without
+them.
 
 The reference path is forced with GRADCOMP_NATIVE=0 (read at every call)."""
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 import compressors
-from compressors import Session, _native, drive
+from compressors import Session, drive
+from compressors.kernels import build, cpu
+from compressors.kernels import ops as _native
 
 needs_native = pytest.mark.skipif(not _native.available(),
                                   reason=f"native kernels unavailable: {_native.error()}")
@@ -125,7 +128,7 @@ def test_float32_log_sum_from_the_bits_at_the_edges_of_the_range():
         st = _native.stats(part, logs=True)
         assert st.log_sum == pytest.approx(float(ref[ref > 0].log().sum()), rel=1e-12), (lo, hi)
         assert st.nonzero == int((ref > 0).sum())
-        first, *_ = _native.sidco_spec(part, 1.0, 2.0, 3.0, logs=True)
+        first, *_ = cpu.sidco_spec(part, 1.0, 2.0, 3.0, logs=True)
         assert (first.nonzero, first.log_sum) == (st.nonzero, st.log_sum)
     y = x.clone()
     y[block + 3] = float("nan")  # that block is summed wide, the NaN left out (not > 0)
@@ -165,7 +168,7 @@ def _inputs(kind: str, n: int, dtype: torch.dtype) -> list[torch.Tensor]:
 @pytest.mark.parametrize("rows, d", [(1, 1), (1, 2), (3, 4), (2, 8), (1, 16), (4, 1 << 10),
                                      (1, 1 << 15), (3, 1 << 17), (1, 1 << 20)])
 def test_native_fwht_equals_the_torch_butterflies(monkeypatch, dtype, rows, d):
-    from compressors.thc import fwht_
+    from compressors.kernels.ops import fwht_
     g = torch.Generator().manual_seed(d + rows)
     x = torch.randn(rows, d, generator=g, dtype=torch.float64).to(dtype).squeeze(0)
     for normalize in (False, True):
@@ -173,8 +176,8 @@ def test_native_fwht_equals_the_torch_butterflies(monkeypatch, dtype, rows, d):
         got = fwht_(x.clone(), normalize=normalize)
         # Same butterflies (a + b, (a + b) − 2b) in the same stage order: the same bits.
         assert torch.equal(got, expected), (normalize, (got - expected).abs().max())
-    y = _native.fwht_(x.clone())  # a transform twice is d times the identity
-    torch.testing.assert_close(_native.fwht_(y) / d, x, rtol=1e-5, atol=1e-5)
+    y = cpu.fwht_(x.clone())  # a transform twice is d times the identity
+    torch.testing.assert_close(cpu.fwht_(y) / d, x, rtol=1e-5, atol=1e-5)
 
 
 @needs_native
@@ -203,9 +206,9 @@ def test_native_fwht_does_not_depend_on_the_thread_count():
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _native.fwht_(x.clone())
+        one = cpu.fwht_(x.clone())
         torch.set_num_threads(max(2, old))
-        assert torch.equal(_native.fwht_(x.clone()), one)
+        assert torch.equal(cpu.fwht_(x.clone()), one)
     finally:
         torch.set_num_threads(old)
 
@@ -261,20 +264,20 @@ def test_unsupported_tensors_take_the_reference_path():
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("GRADCOMP_NATIVE", "0")
-    assert _native.load() is None and not _native.available()
+    assert build.load() is None and not _native.available()
     out = _run("sidco_e", [_laplace(10_000, torch.float32)], 0.01)[0]
     assert out.selected > 0
 
 
 def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
-    monkeypatch.setattr(_native, "_lib", None)
-    monkeypatch.setattr(_native, "_tried", False)
-    monkeypatch.setattr(_native, "_error", None)
-    monkeypatch.setattr(_native, "_compiler", lambda: None)
+    monkeypatch.setattr(build, "_lib", None)
+    monkeypatch.setattr(build, "_tried", False)
+    monkeypatch.setattr(build, "_error", None)
+    monkeypatch.setattr(build, "compiler", lambda: None)
     monkeypatch.setenv("GRADCOMP_NATIVE_CACHE", str(tmp_path))
     monkeypatch.delenv("GRADCOMP_NATIVE", raising=False)  # enabled, but cannot build
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
-        assert _native.load() is None
+        assert build.load() is None
     assert "no C++ compiler" in _native.error()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once, not at every call
@@ -283,23 +286,24 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
     assert out.selected > 0
 
 
-def test_abs_into_room_reuses_one_buffer_per_dtype():
-    """torch.topk's |acc| (Top-k, CLT-k, DEFT) is written into a room kept between calls:
-    the same values as x.abs(), in x's shape, the same memory call after call (grown for a
-    larger tensor), one room per dtype, given back by release_scratch."""
-    _native.release_scratch()
+def test_abs_into_workspace_reuses_one_buffer_per_dtype():
+    """torch.topk's |acc| (Top-k, CLT-k, DEFT) is written into a workspace kept between
+    calls: the same values as x.abs(), in x's shape, the same memory call after call
+    (grown for a larger tensor), one workspace per dtype, given back by
+    release_workspaces."""
+    _native.release_workspaces()
     x = _laplace(1000, torch.float32, seed=1).view(10, 100)
-    first = _native.abs_into_room(x)
+    first = _native.abs_into_workspace(x)
     assert first.shape == x.shape and torch.equal(first, x.abs())
     y = _laplace(700, torch.float32, seed=2)
-    again = _native.abs_into_room(y)
+    again = _native.abs_into_workspace(y)
     assert again.data_ptr() == first.data_ptr() and torch.equal(again, y.abs())
-    wide = _native.abs_into_room(y.double())
+    wide = _native.abs_into_workspace(y.double())
     assert wide.dtype == torch.float64 and torch.equal(wide, y.double().abs())
-    assert _native.abs_into_room(y).data_ptr() == first.data_ptr()  # float32's room kept
-    big = _native.abs_into_room(_laplace(5000, torch.float32, seed=3))
+    assert _native.abs_into_workspace(y).data_ptr() == first.data_ptr()  # float32's kept
+    big = _native.abs_into_workspace(_laplace(5000, torch.float32, seed=3))
     assert big.numel() == 5000 and torch.equal(big, _laplace(5000, torch.float32, seed=3).abs())
-    _native.release_scratch()
+    _native.release_workspaces()
     half = torch.tensor([-1.5, 2.0, -0.0], dtype=torch.float16)
-    assert torch.equal(_native.abs_into_room(half), half.abs())
-    _native.release_scratch()
+    assert torch.equal(_native.abs_into_workspace(half), half.abs())
+    _native.release_workspaces()

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import compressors
-from compressors import Session, _native, drive, session
+from compressors import Session, drive, session
+from compressors.kernels import ops as _native
 
 needs_native = pytest.mark.skipif(not _native.available(),
                                   reason=f"native kernels unavailable: {_native.error()}")

@@ -1,4 +1,4 @@
-"""The Triton kernels of compressors/_native/gpu.py (the CUDA paths of the threshold
+"""The Triton kernels of compressors/kernels/cuda.py (the CUDA paths of the threshold
 sparsifiers), checked two ways:
 
 - everywhere (CI has no GPU): tests/interpreted_gpu_checks.py runs the same kernels under
@@ -73,7 +73,8 @@ def _with_narrow_sizes(kernel, args, variants):
 
 
 def _kernel_cases():
-    from compressors._native import gpu, gpu_sidco
+    from compressors.kernels import cuda as gpu
+    from compressors.kernels import cuda_sidco as gpu_sidco
 
     x_n = "x_ptr:*fp32 n:i64"
     b, sub, tiles = gpu.BLOCK, gpu.SUB, gpu.TILES
@@ -122,7 +123,7 @@ def _kernel_cases():
          [dict(GP=g, R=gpu_sidco.REDUCE) for g in (False, True)]),
         # n < 2^31 (gpu_sidco.SPEC_LIMIT): n and the capacities are passed as i32
         (gpu_sidco._spec_read_kernel, "x_ptr:*fp32 n:i32 w:fp32 u:fp32 pa:fp32 u_bits:i64 "
-         "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 scratch_ptr:*i64 "
+         "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 words_ptr:*i64 "
          "win_ptr:*fp32 cap_w:i32 pos_ptr:*i64 val_ptr:*fp32 cap_p:i32 totals_ptr:*i64 "
          "board_ptr:*i64 t32_ptr:*fp32",
          [dict(SQUARES=q, MID_SQUARES=m, LOGS=lg, BLOCK=gpu_sidco.SPEC_BLOCK,
@@ -137,8 +138,8 @@ def _kernel_cases():
 
 
 def _launch_options(kernel, constants) -> dict:
-    # the options SIDCo's device kernels are launched with (compressors/_native/gpu_sidco)
-    from compressors._native import gpu_sidco
+    # the options SIDCo's device kernels are launched with (compressors/kernels/cuda_sidco)
+    from compressors.kernels import cuda_sidco as gpu_sidco
 
     if kernel is gpu_sidco._spec_read_kernel:
         return {"num_warps": gpu_sidco.SPEC_WARPS,
@@ -202,7 +203,7 @@ def _run(name: str, grads: list[torch.Tensor], ratio: float):
                                   "hard_threshold", "redsync", "gaussianksgd"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01])
 def test_cuda_paths_select_what_the_reference_selects(monkeypatch, name, ratio):
-    from compressors import _native
+    from compressors.kernels import ops as _native
 
     grads = [_laplace(3_000_017, seed=s).cuda() for s in range(3)]
     assert _native.supports(grads[0])
@@ -250,24 +251,24 @@ def test_cuda_folded_check_raises_and_changes_nothing(name):
 def test_cuda_sidco_keeps_its_thresholds_on_the_device(monkeypatch, name):
     # SIDCo on CUDA takes the device-side stages (its check on this GPU passed), which
     # select what the host-driven stages select, over steps whose stage count adapts
-    from compressors import sidco
+    from compressors.kernels import sidco_pipeline
 
     grads = [_laplace(3_000_017, seed=s).cuda() for s in range(8)]
     s = compressors.build(name, ratio=0.001)
-    assert sidco._device_stages_usable(grads[0].device, s)
+    assert sidco_pipeline.device_stages_usable(grads[0].device, s)
     taken = []  # per step: whether its first read was speculative (None: not tried)
-    real = sidco._SIDCo._select_device
+    real = sidco_pipeline.select_device
 
-    def spy(self, *args, **kwargs):
-        found = real(self, *args, **kwargs)
+    def spy(*args, **kwargs):
+        found = real(*args, **kwargs)
         if not kwargs:  # (not the redo of a step whose speculation missed)
             taken.append(found[2])
         return found
 
-    monkeypatch.setattr(sidco._SIDCo, "_select_device", spy)
+    monkeypatch.setattr(sidco_pipeline, "select_device", spy)
     device = _run(name, grads, 0.001)
     assert len(taken) == len(grads) and True in taken
-    monkeypatch.setattr(sidco, "_device_stages_usable", lambda *args: False)
+    monkeypatch.setattr(sidco_pipeline, "device_stages_usable", lambda *args: False)
     host = _run(name, grads, 0.001)
     for d, h in zip(device, host):
         assert torch.equal(d.sent.indices, h.sent.indices)
@@ -278,7 +279,7 @@ def test_cuda_sidco_keeps_its_thresholds_on_the_device(monkeypatch, name):
 def test_cuda_compactions_in_one_pass_equal_nonzero():
     # SIDCo's one-pass compactions (decoupled look-back), whose tiles run concurrently
     # only on a GPU: thousands of tiles, from acc, from a pool, and the final selection
-    from compressors._native import gpu_sidco as dev
+    from compressors.kernels import cuda_sidco as dev
 
     acc = _laplace(20_000_003, seed=5).cuda()
     a = acc.abs()

@@ -1,5 +1,6 @@
-"""The native kernels added for issue 7's second round: the fused statistics + pool pass
-(SIDCo's pools), the hashed sample (DGC/DRAGONN), and the float32 comparison paths.
+"""The C++ kernels (compressors/kernels/cpu.py): the fused statistics + pool pass (SIDCo's
+pools), the selections and counts, the hashed sample (DGC/DRAGONN), the batched sparse
+decode, the sign and level sums, DRAGONN's slots, and the float32 comparison paths.
 
 Each is checked against what it replaces, bit for bit, on inputs large enough for two
 threads (MIN_PER_THREAD elements per thread), at sizes that leave ragged tails, and with
@@ -13,11 +14,13 @@ import pytest
 import torch
 
 import compressors
-from compressors import Session, _native, drive
+from compressors import Session, drive
+from compressors.kernels import build, ops
+from compressors.kernels import cpu as _native
 from repro.testing import with_threads
 
-needs_native = pytest.mark.skipif(not _native.available(),
-                                  reason=f"native kernels unavailable: {_native.error()}")
+needs_native = pytest.mark.skipif(not ops.available(),
+                                  reason=f"native kernels unavailable: {ops.error()}")
 
 # 1 thread, 2 threads with a ragged last block, 3+ threads
 SIZES = [1, 13, 1000, 2 * _native.MIN_PER_THREAD + 37, 4 * _native.MIN_PER_THREAD + 5]
@@ -69,41 +72,43 @@ def test_pool_does_not_depend_on_the_thread_count(dense, index_dtype):
 
 @needs_native
 @pytest.mark.parametrize("dense", [False, True])
-def test_pool_into_a_room_narrows_itself_in_place(dense):
-    """pool(..., room=): the values only, in a room kept between calls; a pool taken from
-    a view of that room (a search narrowing its probe set) equals the fresh pool."""
+def test_pool_into_a_workspace_narrows_itself_in_place(dense):
+    """pool(..., workspace=): the values only, in a workspace kept between calls; a pool
+    taken from a view of that workspace (a search narrowing its probe set) equals the
+    fresh pool."""
     x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=8)
     ts = [float(x.abs().quantile(q)) for q in (0.5, 0.8, 0.95)]
-    with_threads(2, _native.release_scratch)
+    with_threads(2, ops.release_workspaces)
     pool, ptr = x, None
     for t in ts:
         want = _native.pool(pool.clone(), t, dense=dense, strict=False)[2]
         st, idx, got = with_threads(2, lambda p=pool, t=t: _native.pool(
-            p, t, dense=dense, strict=False, above=t, room="test"))
+            p, t, dense=dense, strict=False, above=t, workspace="test"))
         assert idx is None and st is not None
         assert torch.equal(got, want)
         assert torch.equal(got, x.abs()[x.abs() >= t])  # the same pool straight from x
-        # one room: the first pool sized it for half of x, and every later one is smaller
+        # one workspace: the first pool sized it for half of x, and every later one is
+        # smaller
         assert ptr is None or got.data_ptr() == ptr
         pool, ptr = got, got.data_ptr()
-    with_threads(2, _native.release_scratch)
+    with_threads(2, ops.release_workspaces)
 
 
 @needs_native
-def test_pool_room_holds_half_the_tensor_so_the_next_step_reuses_it():
-    """A search's first pool from the gradient keeps at most half of it: the room is sized
-    for that from the first call, so a later step whose pool is larger (up to half) is
-    written into the same room instead of a new one."""
+def test_pool_workspace_holds_half_the_tensor_so_the_next_step_reuses_it():
+    """A search's first pool from the gradient keeps at most half of it: the workspace is
+    sized for that from the first call, so a later step whose pool is larger (up to half)
+    is written into the same workspace instead of a new one."""
     x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=9)
-    _native.release_scratch()
-    first = _native.pool(x, float(x.abs().quantile(0.6)), strict=False, room="test")[2]
+    ops.release_workspaces()
+    first = _native.pool(x, float(x.abs().quantile(0.6)), strict=False, workspace="test")[2]
     ptr = first.data_ptr()
     t = float(x.abs().quantile(0.52))
-    later = _native.pool(x, t, strict=False, room="test")[2]
+    later = _native.pool(x, t, strict=False, workspace="test")[2]
     assert first.numel() < later.numel() <= x.numel() // 2
     assert later.data_ptr() == ptr
     assert torch.equal(later, x.abs()[x.abs() >= t])
-    _native.release_scratch()
+    ops.release_workspaces()
 
 
 @needs_native
@@ -270,7 +275,7 @@ def test_all_finite_finds_every_nan_and_inf(dtype, n):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("n", [1, 1000, 300_001])
 def test_sample_abs_reads_the_hashed_positions(dtype, n):
-    from compressors.thc import counter_hash, seed_words
+    from compressors.kernels.counter_stream import counter_hash, seed_words
 
     x = _laplace(n, seed=6, dtype=dtype)
     seed = 0x1234_5678_9ABC_DEF0
@@ -285,7 +290,7 @@ def test_hashed_sample_positions_are_uniform():
     # DGC's CPU sample positions p_i = (h(i)·d) >> 32: a chi-square test over 64 equal
     # bins of [0, d) and a test that the draws of two seeds are unrelated; a position
     # stream that ignored the high bits of h or repeated across seeds would fail them.
-    from compressors.thc import counter_hash
+    from compressors.kernels.counter_stream import counter_hash
 
     d, s, bins = 26_000_003, 640_000, 64
     p = (counter_hash(torch.arange(s), 99) * d) >> 32
@@ -363,14 +368,8 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     # native build takes AVX-512 loops that a CPU with only AVX2 does not. Build the
     # fallback, and the native build without AVX-512 (the same as the native one on a CPU
     # without it), and check each selects and counts what the native build does.
-    import ctypes
-    import subprocess
-
-    cmd = [_native._compiler(), *_native._BASE_FLAGS, *arch,
-           *(str(_native.HERE / s) for s in _native.SOURCES), "-o", str(tmp_path / "p.so")]
-    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    portable = ctypes.CDLL(str(tmp_path / "p.so"))
-    _native._declare(portable)
+    build.compile_library(build.compiler(), tmp_path / "p.so", arch=tuple(arch))
+    portable = build.open_library(tmp_path / "p.so")
     x = _laplace(2 * _native.MIN_PER_THREAD + 37, seed=9)
     x[::101] = 0.0  # zeros: left out of the nonzeros and of Σ ln|x|
     t = float(x.abs().quantile(0.95))
@@ -396,7 +395,7 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
                 _native.stats(x, above=t / 2, shift=t / 2, squares=True, nonzeros=True))
 
     expected = results()
-    monkeypatch.setattr(_native, "_lib", portable)
+    monkeypatch.setattr(build, "_lib", portable)
     got = results()
     assert got[0] == expected[0]
     assert all(torch.equal(a, b) for a, b in zip(got[1], expected[1]))
@@ -466,10 +465,10 @@ def test_stats_count_the_nonzeros_alone_when_asked(n, threads, dtype):
 
 
 @needs_native
-def test_release_scratch_then_the_kernels_still_work():
+def test_release_workspaces_then_the_kernels_still_work():
     x = _laplace(2 * _native.MIN_PER_THREAD + 3, seed=1)
     before = _native.pool(x, 1e-3, dense=True)
-    _native.release_scratch()
+    ops.release_workspaces()
     after = _native.pool(x, 1e-3, dense=True)
     assert torch.equal(before[1], after[1]) and torch.equal(before[2], after[2])
 
@@ -480,7 +479,8 @@ def test_release_scratch_then_the_kernels_still_work():
 def test_dragonn_slots_equal_write_slots(numel, nk, m):
     # Collisions are frequent (nk > m in some cases); for numel > 2^31 the priority keeps
     # fewer than 32 hash bits. Keys index a smaller stand-in acc (values are read there).
-    from compressors.dragonn import draw_hash_seeds, priority_layout, write_slots
+    from compressors.dragonn import draw_hash_seeds
+    from compressors.kernels.reference import priority_layout, write_slots
 
     g = torch.Generator().manual_seed(nk)
     acc = _laplace(min(numel, 100_003), seed=3)
@@ -660,5 +660,5 @@ def test_sparse_mean_native_equals_the_torch_path(monkeypatch, world):
              for s in range(world)]
     idx, val = [p[0] for p in parts], [p[1] for p in parts]
     native = sparse_mean(idx, val, n, world, torch.float32)
-    monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    monkeypatch.setattr(ops, "supports_cpu", lambda t: False)
     assert torch.equal(native, sparse_mean(idx, val, n, world, torch.float32))

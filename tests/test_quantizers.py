@@ -214,7 +214,7 @@ def test_sign_packing_round_trip(numel):
 def test_sign_packing_native_equals_torch(monkeypatch, numel, dtype, threads):
     """The native pack (one pass) writes the torch expression's bytes: bit order, the
     padded last byte, −0.0 (sets its bit), NaN (does not), ±Inf."""
-    from compressors import _native
+    from compressors.kernels import ops as _native
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel), dtype=dtype)
     special = torch.tensor([-0.0, 0.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)
@@ -364,7 +364,7 @@ def test_stochastic_levels_native_equals_torch(monkeypatch, lengths, bucket, lev
     """The fused pass (thc_native.stochastic_levels) and the torch twin give the same
     levels bit for bit: groups that start off the 8-lane grid, ragged buckets, a bound
     that clips, exact zeros."""
-    from compressors import _native
+    from compressors.kernels import ops as _native
     from compressors.base import Segment
     from compressors.quantize import Groups, stochastic_levels
 
@@ -395,10 +395,10 @@ def test_stochastic_levels_native_equals_torch(monkeypatch, lengths, bucket, lev
 def test_stochastic_levels_round_down_on_a_tie_with_the_noise(monkeypatch, native):
     """a − ⌊a⌋ equal to u_i is not rounded up (P(up) = frac exactly, no 2^-24 bias): with
     x_i = ±u_i themselves (inv = 1) every level is 0; with x_i = ±(u_i + 2^-24) all are 1."""
-    from compressors import _native
+    from compressors.kernels import ops as _native
     from compressors.base import Segment
     from compressors.quantize import Groups, stochastic_levels
-    from compressors.thc import hash_noise
+    from compressors.kernels.ops import stream_noise as hash_noise
 
     if native and not _native.available():
         pytest.skip("native kernels unavailable")
@@ -440,7 +440,7 @@ def test_group_abs_max_equals_the_max_of_abs(lengths, dtype):
 def test_add_signs_native_equals_torch(monkeypatch, lengths, dtype, threads):
     """One rank's decoded signs added natively (no unpacked tensor) give the torch form's
     bits: groups off the byte grid, a zero weight (a tensor that abstains), every type."""
-    from compressors import _native
+    from compressors.kernels import ops as _native
     from compressors.quantize import Groups, add_signs_
 
     groups = Groups(lengths, torch.device("cpu"))
@@ -470,7 +470,7 @@ def test_add_levels_native_equals_torch(monkeypatch, lengths, dtype, threads):
     """One rank's levels added natively (no converted float32 tensor) give the torch
     form's bits (the product rounded, then the sum: no FMA): ragged groups, a zero
     weight, negative weights (error feedback's subtraction), every level type."""
-    from compressors import _native
+    from compressors.kernels import ops as _native
     from compressors.quantize import Groups, add_levels_
 
     groups = Groups(lengths, torch.device("cpu"))

@@ -17,8 +17,8 @@ import torch
 from scipy import special, stats
 
 import compressors
-from compressors import SimulatedGroup, _native, sidco
-from compressors.base import Context
+from compressors import SimulatedGroup, sidco
+from compressors.kernels import ops, sidco_pipeline
 from compressors.sidco import (
     default_initial_stages,
     default_max_stages,
@@ -173,18 +173,14 @@ def test_quality_on_an_lstm_gradient_with_an_embedding(name, ratio):
     assert min(quality) >= 0.5, quality
 
 
-def host_context() -> Context:
-    return Context(rank=0, world_size=1, step=0, name="g", state={},
-                   generator=torch.Generator(), shared_seed=0)
-
-
-@pytest.mark.skipif(not _native.available(), reason="native kernels unavailable")
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable")
 @pytest.mark.parametrize("name", VARIANTS)
 def test_native_and_reference_paths_select_the_same_on_zero_heavy_tensors(name, monkeypatch):
-    """The fused native stages (_select_host) and the pure-torch reference select exactly
-    the same positions at every stage count on tensors with 0–99.9% exact zeros, on
-    each family and on a tensor with two clusters of magnitudes (where later stages
-    stop: a pool holding no more than k); the thresholds agree to rounding."""
+    """The fused native stages (sidco_pipeline.select_host) and the pure-torch reference
+    (select_reference) select exactly the same positions at every stage count on tensors
+    with 0–99.9% exact zeros, on each family and on a tensor with two clusters of
+    magnitudes (where later stages stop: a pool holding no more than k); the thresholds
+    agree to rounding."""
     stops = []
     real = sidco.later_stage_log
 
@@ -209,8 +205,8 @@ def test_native_and_reference_paths_select_the_same_on_zero_heavy_tensors(name, 
     for x in tensors:
         k = max(1, int(0.001 * x.numel()))
         for stages in (1, 2, 3, 5, 10):
-            got, threshold, _ = c._select_host(x, stages, host_context(), k)
-            want, ref_threshold = c._select_reference(x, stages)
+            got, threshold, _ = sidco_pipeline.select_host(x, k, stages, c, {})
+            want, ref_threshold = c.select_reference(x, stages)
             assert torch.equal(got.indices.long(), want), (name, stages)
             assert torch.equal(got.values, x[want])
             assert threshold == pytest.approx(ref_threshold, rel=1e-12)
@@ -289,16 +285,16 @@ def test_stage_schedule():
     e = compressors.build("sidco_e", ratio=0.001)
     d = 1_000_000
     for m in (2, 5, 10):
-        assert e._first_stage(d, d, m) == (0.25, -math.log(0.25), False)
-    assert e._first_stage(d, d, 1) == (0.001, -math.log(0.001), True)
-    assert e._first_stage(d, d // 10, 5) == (0.25, -math.log(0.25), False)  # ρ = 0.01
-    assert e._first_stage(d, d // 100, 5) == (0.25, -math.log(0.25), False)  # ρ = 0.1
-    single = e._first_stage(d, 2500, 5)  # ρ = 0.4 ≥ δ₁: one stage at ρ
+        assert e.first_stage(d, d, m) == (0.25, -math.log(0.25), False)
+    assert e.first_stage(d, d, 1) == (0.001, -math.log(0.001), True)
+    assert e.first_stage(d, d // 10, 5) == (0.25, -math.log(0.25), False)  # ρ = 0.01
+    assert e.first_stage(d, d // 100, 5) == (0.25, -math.log(0.25), False)  # ρ = 0.1
+    single = e.first_stage(d, 2500, 5)  # ρ = 0.4 ≥ δ₁: one stage at ρ
     assert single.single and single.ratio == pytest.approx(0.4, rel=1e-15)
     assert single.tail_log == -math.log(single.ratio)
-    assert e._first_stage(d, 4000, 5).single  # ρ = δ₁
-    assert e._first_stage(d, d // 1000, 5) is None  # ρ = 1: every nonzero
-    assert e._first_stage(d, 999, 1) is None
+    assert e.first_stage(d, 4000, 5).single  # ρ = δ₁
+    assert e.first_stage(d, d // 1000, 5) is None  # ρ = 1: every nonzero
+    assert e.first_stage(d, 999, 1) is None
     assert later_stage_log(100, 1000.0, 3) is None and later_stage_log(1000, 1000.0, 1) is None
     assert later_stage_log(0, 0.5, 2) is None
     assert math.exp(-later_stage_log(4000, 1000.0, 1)) == pytest.approx(0.25)

@@ -1,4 +1,5 @@
-"""SIDCo's speculative first read (compressors/sidco.py, _native.sidco_spec): the kernel
+"""SIDCo's speculative first read (compressors/kernels/sidco_pipeline.py, cpu.sidco_spec):
+the kernel
 against its definition in torch, and the selection against the pure-torch reference
 whether the speculation holds, misses its window, misses its pool or is not tried."""
 
@@ -10,12 +11,15 @@ import pytest
 import torch
 
 import compressors
-from compressors import Session, _native, drive
-from compressors.sidco import SPECULATION_MARGIN, _as_dtype
+from compressors import Session, drive
+from compressors.kernels import cpu as _native
+from compressors.kernels import ops
+from compressors.kernels.numerics import as_dtype
+from compressors.kernels.sidco_pipeline import SPECULATION_MARGIN
 from repro.testing import with_threads
 
-needs_native = pytest.mark.skipif(not _native.available(),
-                                  reason=f"native kernels unavailable: {_native.error()}")
+needs_native = pytest.mark.skipif(not ops.available(),
+                                  reason=f"native kernels unavailable: {ops.error()}")
 
 
 def _laplace(n: int, seed: int = 0) -> torch.Tensor:
@@ -84,28 +88,33 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
 
 
 @needs_native
-def test_kernel_writes_the_stream_into_the_room_it_is_given():
-    """With `room` the stream is views of it (nothing allocated per call), and a later
-    call into the same room gives the same stream for the same input; a room holding old
-    bits past the tensor's end (the last bitmap word) does not change the positions."""
+def test_kernel_writes_the_stream_into_the_workspace_it_is_given():
+    """With `workspace` the stream is views of it (nothing allocated per call), and a later
+    call into the same workspace gives the same stream for the same input; a workspace
+    holding old bits past the tensor's end (the last bitmap word) does not change the
+    positions."""
     x = _laplace(300_001, seed=4)
     t = float(x.abs().quantile(0.9))
-    room = (torch.full((_native.stream_bitmap_bytes(x.numel()) + 5,), 255, dtype=torch.uint8),
-            torch.full((x.numel() + 5,), -7.0), torch.full((x.numel() + 5,), -7.0))
+    kept_buffers = (
+        torch.full((_native.stream_bitmap_bytes(x.numel()) + 5,), 255, dtype=torch.uint8),
+        torch.full((x.numel() + 5,), -7.0), torch.full((x.numel() + 5,), -7.0))
     _, _, idx, val, win = with_threads(
-        2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, room=room))
-    assert idx.bitmap.data_ptr() == room[0].data_ptr() and val.data_ptr() == room[1].data_ptr()
-    assert win.data_ptr() == room[2].data_ptr() and win.numel() > 0
+        2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, workspace=kept_buffers))
+    assert idx.bitmap.data_ptr() == kept_buffers[0].data_ptr()
+    assert val.data_ptr() == kept_buffers[1].data_ptr()
+    assert win.data_ptr() == kept_buffers[2].data_ptr() and win.numel() > 0
     fresh = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t))
     assert torch.equal(idx.tensor(), fresh[2].tensor()) and torch.equal(val, fresh[3])
     assert torch.equal(win, fresh[4])
     kept = idx.tensor()
     assert int(kept[-1]) < x.numel() and idx.count == kept.numel() > 0
-    _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, room=room)  # an empty stream: room reused
-    again = _native.sidco_spec(x, t / 2, t / 1.5, t, room=room)
+    # an empty stream: the workspace reused
+    _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, workspace=kept_buffers)
+    again = _native.sidco_spec(x, t / 2, t / 1.5, t, workspace=kept_buffers)
     assert torch.equal(again[2].tensor(), kept)
-    assert _native.stream_room(10)[0].numel() >= _native.stream_bitmap_bytes(10) == 76
-    assert _native.stream_room(10)[0].data_ptr() == _native.stream_room(5)[0].data_ptr()
+    assert _native.stream_workspace(10)[0].numel() >= _native.stream_bitmap_bytes(10) == 76
+    assert (_native.stream_workspace(10)[0].data_ptr()
+            == _native.stream_workspace(5)[0].data_ptr())
 
 
 @needs_native
@@ -143,20 +152,20 @@ def test_kernel_refuses_what_it_does_not_take():
         with pytest.raises(TypeError, match="float32"):
             _native.sidco_spec(bad, 0.1, 0.2, 0.3)
     x = torch.ones(100)
-    for room in ((torch.empty(83, dtype=torch.uint8), torch.empty(100), torch.empty(100)),
-                 (torch.empty(84, dtype=torch.int32), torch.empty(100), torch.empty(100)),
-                 (torch.empty(84, dtype=torch.uint8), torch.empty(99), torch.empty(100)),
-                 (torch.empty(84, dtype=torch.uint8), torch.empty(100), torch.empty(99)),
-                 (torch.empty(84, dtype=torch.uint8), torch.empty(200)[::2], torch.empty(100)),
-                 (torch.empty(84, dtype=torch.uint8), torch.empty(100),
-                  torch.empty(100, dtype=torch.float64))):
-        with pytest.raises(TypeError, match="room for a bitmap of 84"):
-            _native.sidco_spec(x, 0.1, 0.2, 0.3, room=room)
+    for given in ((torch.empty(83, dtype=torch.uint8), torch.empty(100), torch.empty(100)),
+                  (torch.empty(84, dtype=torch.int32), torch.empty(100), torch.empty(100)),
+                  (torch.empty(84, dtype=torch.uint8), torch.empty(99), torch.empty(100)),
+                  (torch.empty(84, dtype=torch.uint8), torch.empty(100), torch.empty(99)),
+                  (torch.empty(84, dtype=torch.uint8), torch.empty(200)[::2], torch.empty(100)),
+                  (torch.empty(84, dtype=torch.uint8), torch.empty(100),
+                   torch.empty(100, dtype=torch.float64))):
+        with pytest.raises(TypeError, match="workspace for a bitmap of 84"):
+            _native.sidco_spec(x, 0.1, 0.2, 0.3, workspace=given)
     shared = torch.empty(150)
     for val, win in ((shared[:100], shared[50:]), (shared[:100], shared[:100])):
-        with pytest.raises(ValueError, match="two separate rooms"):
-            _native.sidco_spec(x, 0.1, 0.2, 0.3, room=(torch.empty(84, dtype=torch.uint8),
-                                                       val, win))
+        with pytest.raises(ValueError, match="two separate buffers"):
+            _native.sidco_spec(x, 0.1, 0.2, 0.3, workspace=(torch.empty(84, dtype=torch.uint8),
+                                                            val, win))
 
 
 def _session(name: str) -> Session:
@@ -306,7 +315,7 @@ def test_rounding_to_the_tensor_dtype_is_torchs():
     for v in values.tolist() + edges:
         for dtype in (torch.float32, torch.float64, torch.float16):
             want = float(torch.tensor(v, dtype=dtype))
-            got = _as_dtype(v, dtype)
+            got = as_dtype(v, dtype)
             assert (got == want and math.copysign(1, got) == math.copysign(1, want)) or (
                 math.isnan(got) and math.isnan(want)), (v, dtype)
 

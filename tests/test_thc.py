@@ -21,15 +21,10 @@ from scipy.stats import norm
 import compressors
 from compressors import Session, SimulatedGroup
 from compressors import thc_table
-from compressors.thc import (
-    RotatedGrid,
-    fwht_,
-    pack_bits,
-    table_encode,
-    uniform_decode,
-    uniform_encode,
-    unpack_bits,
-)
+from compressors.integer_sum import pack_bits, unpack_bits
+from compressors.kernels.ops import fwht_
+from compressors.thc import RotatedGrid, table_encode
+from compressors.thc_uniform import uniform_decode, uniform_encode
 from repro.sources import synthetic
 
 AUTHORS_B4_G30 = (0, 3, 5, 7, 9, 11, 13, 14, 16, 17, 19, 21, 23, 25, 27, 30)

@@ -1,5 +1,5 @@
-"""THC's counter-based random stream (compressors/counter_stream.py): the native fused
-passes and the pure-torch fallback give the same bits (signs, noise, rotated input,
+"""THC's counter-based random stream (compressors/kernels/counter_stream.py): the native
+fused passes (compressors/kernels/thc_pipeline.py) and the pure-torch fallback give the same bits (signs, noise, rotated input,
 indices, table values, clamped count, decode, uniform THC levels), the stream is the
 documented function, and it is statistically adequate for what THC asks of it:
 stochastic-rounding noise uniform on [0, 1) and independent between coordinates, RHT
@@ -17,19 +17,14 @@ import pytest
 import torch
 
 import compressors
-from compressors import SimulatedGroup, _native, thc
-from compressors._native import thc_native
-from compressors.thc import (
-    RotatedGrid,
-    counter_hash,
-    draw_seed,
-    hash_noise,
-    interval_lut,
-    rademacher,
-    seed_words,
-    uniform_encode,
-)
+from compressors import SimulatedGroup, thc
+from compressors.kernels import cpu_thc as thc_native
+from compressors.kernels import ops as _native
+from compressors.kernels.counter_stream import counter_hash, draw_seed, seed_words
+from compressors.kernels.ops import l2_norm, stream_noise, stream_signs
+from compressors.thc import RotatedGrid, interval_lut
 from compressors.thc_table import get_table
+from compressors.thc_uniform import uniform_encode
 
 needs_native = pytest.mark.skipif(not _native.available(),
                                   reason=f"native kernels unavailable: {_native.error()}")
@@ -41,7 +36,7 @@ SIZES = [1, 7, 8, 9, 1000, 2**15 + 3, 2**17 + 5]
 def _reference(monkeypatch, fn):
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
-        assert not _native.supports(torch.zeros(3)) and not thc_native.available()
+        assert not _native.supports(torch.zeros(3)) and not _native.available()
         return fn()
 
 
@@ -74,8 +69,8 @@ def test_noise_and_signs_derive_from_the_hash(monkeypatch):
     n = 100
     h = [_py_hash(i, seed) for i in range(n)]
     for run in (lambda f: f(), lambda f: _reference(monkeypatch, f)):
-        noise = run(lambda: hash_noise(n, seed))
-        signs = run(lambda: rademacher(n, seed, "cpu"))
+        noise = run(lambda: stream_noise(n, seed))
+        signs = run(lambda: stream_signs(n, seed, "cpu"))
         assert noise.tolist() == [(v >> 8) * 2.0**-24 for v in h]
         # one hash per 32 signs: s_i = −1 where bit i mod 32 of h(i // 32) is set
         assert signs.tolist() == [-1.0 if h[i // 32] >> (i % 32) & 1 else 1.0
@@ -97,7 +92,7 @@ def test_draw_seed_takes_64_bits_from_the_generator():
 @pytest.mark.parametrize("n", SIZES)
 def test_native_stream_equals_torch(monkeypatch, n):
     for seed in SEEDS:
-        for make in (lambda: hash_noise(n, seed), lambda: rademacher(n, seed, "cpu")):
+        for make in (lambda: stream_noise(n, seed), lambda: stream_signs(n, seed, "cpu")):
             expected = _reference(monkeypatch, make)
             assert torch.equal(make(), expected), (n, seed)
 
@@ -251,8 +246,8 @@ def test_native_protocol_equals_torch(monkeypatch, name, params):
 @needs_native
 def test_native_norm_agrees_with_torch(monkeypatch):
     x = _laplace(300_001, 8) * 1e3
-    expected = _reference(monkeypatch, lambda: thc._norm(x))
-    assert float(thc._norm(x)) == pytest.approx(float(expected), rel=1e-12)
+    expected = _reference(monkeypatch, lambda: l2_norm(x))
+    assert float(l2_norm(x)) == pytest.approx(float(expected), rel=1e-12)
 
 
 @needs_native
@@ -331,7 +326,7 @@ def _adequate(u: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("seed", [0, 1, 2**32, 0xDEADBEEFCAFEBABE])
 def test_noise_is_uniform_and_independent(seed):
-    u = hash_noise(N, seed)
+    u = stream_noise(N, seed)
     assert float(u.min()) >= 0 and float(u.max()) < 1
     st = _uniformity(u)
     assert abs(st["mean_z"]) < 5 and abs(st["chi_z"]) < 5, st
@@ -355,7 +350,7 @@ def test_uniformity_checks_reject_weak_streams():
     unmixed = to_u((i ^ 0x1234_5678) & 0xFFFFFFFF)
     weyl = to_u((i * 0x9E3779B9 + 0x1234_5678) & 0xFFFFFFFF)
     one_mul = to_u(((i ^ 0x1234_5678) * 0x21F0AAAD) & 0xFFFFFFFF)
-    assert _adequate(hash_noise(N, 0x1234_5678))
+    assert _adequate(stream_noise(N, 0x1234_5678))
     for weak in (unmixed, weyl, one_mul):
         assert not _adequate(weak)
 
@@ -368,16 +363,16 @@ def _corr_z(a: torch.Tensor, b: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("seed", [0, 5, 0xDEADBEEFCAFEBABE])
 def test_signs_are_balanced_and_uncorrelated(seed):
-    s = rademacher(N, seed, "cpu")
+    s = stream_signs(N, seed, "cpu")
     assert set(s.unique().tolist()) == {-1.0, 1.0}
     assert abs(float(s.sum())) < 5 * math.sqrt(N)  # balanced
     for lag in (1, 2, 3, 8, 1024):
         assert _corr_z(s[:-lag], s[lag:]) < 5, lag  # neighbours independent
     # streams of seeds one bit apart (in either word), and sign vs noise streams
     for other in (seed ^ 1, seed ^ (1 << 32), seed ^ (1 << 63), seed + 1):
-        assert _corr_z(s, rademacher(N, other, "cpu")) < 5, other
-        assert _corr_z(s, hash_noise(N, other)) < 5, other
-    assert _corr_z(s, hash_noise(N, seed)) < 5
+        assert _corr_z(s, stream_signs(N, other, "cpu")) < 5, other
+        assert _corr_z(s, stream_noise(N, other)) < 5, other
+    assert _corr_z(s, stream_noise(N, seed)) < 5
     # bits at the same position of consecutive hash words (signs 32 apart) and the
     # first vs last bit of each word
     w = s.view(-1, 32)

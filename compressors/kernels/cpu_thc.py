@@ -1,11 +1,11 @@
-"""ctypes wrappers of THC's counter-hash kernels (thc_kernels.cpp): the random stream
-(stochastic-rounding noise, RHT signs) generated inside the fused passes instead of read
-from torch.rand buffers. compressors/thc.py computes the same stream with torch ops when
-the library is unavailable (GRADCOMP_NATIVE=0, GPU tensors, no compiler); tests check
-that both give the same bits.
+"""ctypes bindings of THC's kernels and the counter-hash stream (csrc/thc_kernels.cpp):
+the random stream (stochastic-rounding noise, RHT signs) generated inside the fused
+passes instead of read from torch.rand buffers. The torch twins compute the same stream
+(counter_stream.py) where the library is unavailable (GRADCOMP_NATIVE=0, GPU tensors, no
+compiler); tests check that both give the same bits.
 
-Everything takes contiguous CPU float32 tensors; call `available()` first. Seeds are
-64-bit integers, passed as two 32-bit words (low, high)."""
+Everything takes contiguous CPU float32 tensors and assumes the library is loaded
+(ops.available()). Seeds are 64-bit integers, passed as two 32-bit words (low, high)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import threading
 
 import torch
 
-from compressors._native import MIN_PER_THREAD, load
+from compressors.kernels import build
+from compressors.kernels.cpu import empty, threads
 
 _P = ctypes.c_void_p
 _I64 = ctypes.c_int64
@@ -41,9 +42,9 @@ NOISE, SIGNS = 0, 1
 
 
 def _lib() -> ctypes.CDLL:
-    lib = load()
+    lib = build.load()
     if lib is None:
-        raise RuntimeError("native kernels unavailable; check thc_native.available() first")
+        raise RuntimeError("native kernels unavailable; check ops.available() first")
     if id(lib) not in _declared:
         for name, (args, res) in _SIGNATURES.items():
             f = getattr(lib, name)
@@ -51,15 +52,6 @@ def _lib() -> ctypes.CDLL:
             f.restype = res
         _declared.add(id(lib))
     return lib
-
-
-def available() -> bool:
-    """Whether the library is loaded (and allowed by GRADCOMP_NATIVE)."""
-    return load() is not None
-
-
-def threads(n: int) -> int:
-    return max(1, min(torch.get_num_threads(), n // MIN_PER_THREAD))
 
 
 def words(seed: int) -> tuple[int, int]:
@@ -71,13 +63,13 @@ def _empty(n: int, dtype: torch.dtype) -> torch.Tensor:
     """A fresh output buffer. Plain torch.empty, no huge-page advice: measured here (THP
     defrag "madvise"), advised fresh 128 MiB outputs stalled in direct compaction
     (THC decode 480-585 ms per step vs 305-330 ms without the advice) once memory was
-    fragmented; only the reused scratch buffer below asks for huge pages."""
+    fragmented; only the reused transform workspace below asks for huge pages."""
     return torch.empty(n, dtype=dtype)
 
 
 def _output(out: torch.Tensor | None, n: int, dtype: torch.dtype) -> torch.Tensor:
-    """`out` when the caller gave one (a buffer it keeps between steps, Context.room),
-    checked: contiguous CPU, n elements of dtype; else a fresh tensor."""
+    """`out` when the caller gave one (a buffer it keeps between steps,
+    Context.workspace), checked: contiguous CPU, n elements of dtype; else a fresh tensor."""
     if out is None:
         return _empty(n, dtype)
     if (out.dtype != dtype or out.numel() != n or not out.is_contiguous()
@@ -85,12 +77,6 @@ def _output(out: torch.Tensor | None, n: int, dtype: torch.dtype) -> torch.Tenso
         raise ValueError(f"out must be a contiguous CPU {dtype} tensor of {n} elements, not "
                          f"{out.dtype} {tuple(out.shape)} on {out.device}")
     return out
-
-
-def _huge(n: int, dtype: torch.dtype) -> torch.Tensor:
-    from compressors._native import empty  # madvise(MADV_HUGEPAGE) before first touch
-
-    return empty(n, dtype)
 
 
 def rng_fill(n: int, seed: int, kind: int, start: int = 0) -> torch.Tensor:
@@ -147,18 +133,19 @@ def rotate(x: torch.Tensor, padded: int, norm: float, sign_seed: int) -> torch.T
 _local = threading.local()
 
 
-def scratch(n: int) -> torch.Tensor:
-    """A float32 work buffer of n elements, kept per thread and reused between calls (a
-    fresh 128 MiB buffer costs ~15-25 ms of page faults and kernel zeroing per call at
-    2^25 elements). Its contents are garbage; `release_scratch()` frees it."""
+def workspace(n: int) -> torch.Tensor:
+    """This thread's transform workspace: n float32 elements, kept and reused between
+    calls (a fresh 128 MiB buffer costs ~15-25 ms of page faults and kernel zeroing per
+    call at 2^25 elements), asking for huge pages before first touch. Its contents are
+    garbage; `release_workspace()` frees it."""
     buf = getattr(_local, "buf", None)
     if buf is None or buf.numel() < n:
         _local.buf = None  # free the old one first
-        buf = _local.buf = _huge(n, torch.float32)
+        buf = _local.buf = empty(n, torch.float32)
     return buf[:n]
 
 
-def release_scratch() -> None:
+def release_workspace() -> None:
     _local.buf = None
 
 
@@ -174,7 +161,7 @@ def rotate_encode(x: torch.Tensor, padded: int, norm: float, sign_seed: int, t_p
     the table values go (contiguous CPU, `padded` elements of value_dtype) instead of a
     fresh tensor."""
     n = x.numel()
-    buf = scratch(padded)
+    buf = workspace(padded)
     z = torch.empty(padded, dtype=torch.int32) if indices else None
     values = None if value_dtype is None else _output(values_out, padded, value_dtype)
     sk0, sk1 = words(sign_seed)
@@ -194,20 +181,20 @@ def decode(total: torch.Tensor, numel: int, a: float, b: float,
     the first, the sign flip of the first `numel` results inside the last; returns those
     `numel` floats: a view of a fresh padded buffer, or, when `out` (contiguous CPU
     float32 of numel) is given, `out` holding them (the passes then run in the reused
-    scratch buffer: no fresh padded buffer). `total`: contiguous CPU uint8, int32 or int64
+    transform workspace: no fresh padded buffer). `total`: contiguous CPU uint8, int32 or int64
     of power-of-two length."""
     d = total.numel()
-    buf = _empty(d, torch.float32) if out is None else scratch(d)
+    buf = _empty(d, torch.float32) if out is None else workspace(d)
     _decode_into(buf, total, numel, a, b, sign_seed)
     return buf[:numel] if out is None else out.copy_(buf[:numel])
 
 
-def decode_in_scratch(total: torch.Tensor, numel: int, a: float, b: float,
-                      sign_seed: int) -> torch.Tensor:
-    """decode() into this thread's scratch buffer: a view of it, valid until the next use
-    of the scratch on this thread (for a result read at once, such as THC's own
+def decode_in_workspace(total: torch.Tensor, numel: int, a: float, b: float,
+                        sign_seed: int) -> torch.Tensor:
+    """decode() into this thread's transform workspace: a view of it, valid until the next
+    use of the workspace on this thread (for a result read at once, such as THC's own
     contribution that error feedback subtracts)."""
-    buf = scratch(total.numel())
+    buf = workspace(total.numel())
     _decode_into(buf, total, numel, a, b, sign_seed)
     return buf[:numel]
 
@@ -240,8 +227,7 @@ def stochastic_levels(x: torch.Tensor, offsets: torch.Tensor, inv: torch.Tensor,
                       bound: torch.Tensor | None, levels: int, seed: int,
                       dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
     """QSGD's and TernGrad's signed stochastic levels of contiguous CPU float32 x in one
-    pass (compressors/quantize.py stochastic_levels: the definition, and the torch twin
-    with the same bits). `offsets`: int64 group starts and the end (groups + 1 entries);
+    pass (reference.stochastic_levels: the torch twin with the same bits). `offsets`: int64 group starts and the end (groups + 1 entries);
     `inv`, `bound`: float32 per group; levels ≤ 2^24; dtype int8, int16 or int32; into
     `out` if given."""
     n = x.numel()

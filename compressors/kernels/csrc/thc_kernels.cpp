@@ -444,7 +444,7 @@ void fused_fwht(float* buf, int64_t d, int threads, Fill&& fill, Finish&& finish
 
 // THC's rotation: the padded input (x[i] / norm)·s_i (zeros past n) written inside the
 // first pass, transformed into buf[0 .. d); with `enc`, each run is encoded (encode_run)
-// in the last pass, and buf is scratch. Returns the clamped count (0 without `enc`).
+// in the last pass, and buf is a workspace. Returns the clamped count (0 without `enc`).
 int64_t thc_rotate(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0, uint32_t sk1,
                    float* buf, int threads, const EncodeArgs* enc) {
   auto fill = [&](float* out, int64_t lo, int64_t hi) {
@@ -588,7 +588,7 @@ extern "C" {
 void gc_fwht_f32(float* x, int64_t rows, int64_t d, int threads) { fwht<float>(x, rows, d, threads); }
 void gc_fwht_f64(double* x, int64_t rows, int64_t d, int threads) { fwht<double>(x, rows, d, threads); }
 
-// Counter-hash stream (compressors/_native/thc_native.py declares these).
+// Counter-hash stream (compressors/kernels/cpu_thc.py declares these).
 void gc_thc_rng_fill(int64_t start, int64_t n, uint32_t k0, uint32_t k1, int kind, float* out,
                      int threads) {
   rng_fill(start, n, k0, k1, kind, out, threads);
@@ -623,7 +623,7 @@ void gc_thc_decode_f32(const void* total, int value_bytes, int64_t d, int64_t n,
     default: thc_decode(static_cast<const uint8_t*>(total), d, n, a, b, sk0, sk1, out, threads);
   }
 }
-// Rotation and encoding in two passes over buf (scratch); outputs as gc_thc_encode_hash_f32.
+// Rotation and encoding in two passes over buf (a workspace); outputs as gc_thc_encode_hash_f32.
 int64_t gc_thc_rotate_encode_f32(const float* x, int64_t n, int64_t d, float norm, uint32_t sk0,
                                  uint32_t sk1, float* buf, int threads, float t, float s,
                                  float g, const float* table, int table_size, const float* gaps,

@@ -1,5 +1,5 @@
-"""Context.room: a buffer a protocol writes whole each step (FP16's 16-bit wire), kept per
-worker and tensor between steps on the CPU instead of allocated fresh (issue 7: a fresh
+"""Context.workspace: a buffer a protocol writes whole each step (FP16's 16-bit wire),
+kept per worker and tensor between steps on the CPU instead of allocated fresh (a fresh
 full-size CPU tensor costs a page fault per 4 KiB on first touch), and never part of a
 checkpoint. tests/test_allocations.py checks that FP16's step allocates nothing full-size."""
 
@@ -64,9 +64,9 @@ def test_fp16_keeps_one_wire_per_worker_and_tensor_and_its_result_is_unchanged(w
     wires, results = _steps(sessions, ["a", "b"], steps=3)
     for rank in range(WORKERS):
         for name in ("a", "b"):
-            room = sessions[rank].scratch[name]["wire"].data_ptr()
+            kept = sessions[rank].workspaces[name]["wire"].data_ptr()
             assert wires[(rank, name, 0)] == wires[(rank, name, 1)] == wires[(rank, name, 2)]
-            assert wires[(rank, name, 0)] == room
+            assert wires[(rank, name, 0)] == kept
         assert wires[(rank, "a", 0)] != wires[(rank, "b", 0)]  # one wire per tensor
     assert wires[(0, "a", 0)] != wires[(1, "a", 0)]  # and per worker
     half = getattr(torch, wire)
@@ -79,7 +79,7 @@ def test_fp16_keeps_one_wire_per_worker_and_tensor_and_its_result_is_unchanged(w
 
 
 def test_a_16_bit_gradient_is_not_the_wire():
-    """A float16 gradient cast to float16 is no copy: the wire must still be the room,
+    """A float16 gradient cast to float16 is no copy: the wire must still be the workspace,
     so the pre-division and the allreduce leave the caller's tensor as it was."""
     sessions = _fp16_sessions()
     _, results = _steps(sessions, ["a"], steps=2, dtype=torch.float16, out=False)
@@ -101,58 +101,58 @@ def test_the_wire_is_not_checkpointed_and_a_skipped_tensor_keeps_none():
                 yield from tensors(v)
 
     assert [t for t in tensors(sd["states"]) if t.numel() >= NUMEL] == []
-    assert set(sessions[0].scratch["a"]) == {"wire"}
-    # a step refused for a NaN leaves no state and no room for a new tensor
+    assert set(sessions[0].workspaces["a"]) == {"wire"}
+    # a step refused for a NaN leaves no state and no workspace for a new tensor
     s = sessions[0]
     bad = torch.full((NUMEL,), float("nan"))
     with pytest.raises(FloatingPointError, match="NaN"):
         gen = s.exchange("c", bad, 0)
         gen.send(None)
-    assert "c" not in s.states and "c" not in s.scratch
+    assert "c" not in s.states and "c" not in s.workspaces
 
 
-def _context(scratch: dict) -> Context:
+def _context(workspaces: dict) -> Context:
     return Context(rank=0, world_size=1, step=0, name="t", state={},
-                   generator=torch.Generator(), shared_seed=0, scratch=scratch)
+                   generator=torch.Generator(), shared_seed=0, workspaces=workspaces)
 
 
-def test_room_is_kept_for_its_key_size_and_dtype_and_replaced_otherwise():
-    scratch: dict = {}
-    ctx = _context(scratch)
-    a = ctx.room("wire", 1000, torch.float16, torch.device("cpu"))
+def test_workspace_is_kept_for_its_key_size_and_dtype_and_replaced_otherwise():
+    workspaces: dict = {}
+    ctx = _context(workspaces)
+    a = ctx.workspace("wire", 1000, torch.float16, torch.device("cpu"))
     assert a.shape == (1000,) and a.dtype == torch.float16
-    assert ctx.room("wire", 1000, torch.float16, "cpu").data_ptr() == a.data_ptr()
-    other = ctx.room("other", 1000, torch.float16, "cpu")
+    assert ctx.workspace("wire", 1000, torch.float16, "cpu").data_ptr() == a.data_ptr()
+    other = ctx.workspace("other", 1000, torch.float16, "cpu")
     assert other.data_ptr() != a.data_ptr()
-    smaller = ctx.room("wire", 999, torch.float16, "cpu")
+    smaller = ctx.workspace("wire", 999, torch.float16, "cpu")
     assert smaller.shape == (999,)  # exactly the size asked for, not a larger old one
-    wider = ctx.room("wire", 999, torch.float32, "cpu")
-    assert wider.dtype == torch.float32 and scratch["wire"] is wider
-    assert set(scratch) == {"wire", "other"}
+    wider = ctx.workspace("wire", 999, torch.float32, "cpu")
+    assert wider.dtype == torch.float32 and workspaces["wire"] is wider
+    assert set(workspaces) == {"wire", "other"}
 
 
-def test_room_off_the_cpu_is_fresh_and_not_kept():
+def test_workspace_off_the_cpu_is_fresh_and_not_kept():
     if not torch.cuda.is_available():
         # the meta device stands in: anything but the CPU gets a new tensor each call
         device = torch.device("meta")
     else:
         device = torch.device("cuda")
-    scratch: dict = {}
-    ctx = _context(scratch)
-    t = ctx.room("wire", 10, torch.float16, device)
+    workspaces: dict = {}
+    ctx = _context(workspaces)
+    t = ctx.workspace("wire", 10, torch.float16, device)
     assert t.device.type == device.type and t.shape == (10,)
-    assert scratch == {}
+    assert workspaces == {}
 
 
-# Every compressor that keeps a buffer in Context.room, with its parameters.
-ROOM_USERS = {"fp16": {}, "qsgd": {}, "terngrad": {}, "signsgd": {}, "thc": {},
+# Every compressor that keeps a buffer in Context.workspace, with its parameters.
+WORKSPACE_USERS = {"fp16": {}, "qsgd": {}, "terngrad": {}, "signsgd": {}, "thc": {},
               "thc_uniform": {}, "thc_ps": {"aggregation": "ps"}}
 
 
 def _history(name: str, feedback: str, dtype: torch.dtype, out: bool) -> list:
     """Three steps of two workers on one tensor: each step's aggregates (as returned, and
     copied at once) and residuals (copied at once)."""
-    params = dict(ROOM_USERS[name])
+    params = dict(WORKSPACE_USERS[name])
     comp = compressors.build("thc" if name == "thc_ps" else name, **params)
     sessions = [Session(comp, rank=r, world_size=WORKERS, feedback=feedback, seed=9)
                 for r in range(WORKERS)]
@@ -167,23 +167,23 @@ def _history(name: str, feedback: str, dtype: torch.dtype, out: bool) -> list:
     return steps
 
 
-@pytest.mark.parametrize("name", sorted(ROOM_USERS))
+@pytest.mark.parametrize("name", sorted(WORKSPACE_USERS))
 @pytest.mark.parametrize("feedback", ["none", "residual"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("out", [False, True])
-def test_rooms_change_no_result_and_no_aggregate_lives_in_one(name, feedback, dtype, out,
-                                                              monkeypatch):
+def test_workspaces_change_no_result_and_no_aggregate_lives_in_one(name, feedback, dtype,
+                                                                   out, monkeypatch):
     """The same aggregates and residuals, bit for bit, as with a fresh buffer for every
-    room (so no room is shared by two buffers a step needs at once, such as a wire and
-    the levels error feedback reads after the allreduce); and no aggregate handed back is
-    a room, which a later step would rewrite."""
+    workspace (so no workspace is shared by two buffers a step needs at once, such as a
+    wire and the levels error feedback reads after the allreduce); and no aggregate
+    handed back is a workspace, which a later step would rewrite."""
     if dtype == torch.float16 and name in ("thc", "thc_ps"):
         dtype = torch.bfloat16  # (THC rotates in float32 either way; any 16-bit input)
     kept = _history(name, feedback, dtype, out)
     for step in kept:  # three steps later, every aggregate is still what it was
         for aggregate, at_once, _ in step:
             assert torch.equal(aggregate, at_once)
-    monkeypatch.setattr(Context, "room", lambda self, key, numel, dtype, device:
+    monkeypatch.setattr(Context, "workspace", lambda self, key, numel, dtype, device:
                         torch.empty(numel, dtype=dtype, device=device))
     fresh = _history(name, feedback, dtype, out)
     for got, want in zip(kept, fresh):

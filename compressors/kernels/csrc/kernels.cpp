@@ -1,4 +1,4 @@
-// Fused magnitude kernels for the threshold sparsifiers (compressors/_native/__init__.py).
+// Fused magnitude kernels for the threshold sparsifiers (compressors/kernels/cpu.py).
 //
 // Plain C ABI over raw pointers (no torch headers: compiles in about a second), loaded
 // with ctypes. Every kernel reads its input once and writes no full-size output:
@@ -584,8 +584,8 @@ void grow(Buf& b, size_t bytes) {
   advise_huge(np, bytes);
 }
 
-// A growable pair of arrays in pooled scratch buffers (no value-initialisation of the
-// room reserved for branch-free writes).
+// A growable pair of arrays in pooled workspace buffers (no value-initialisation of the
+// space reserved for branch-free writes).
 template <typename T>
 struct Hits {
   int64_t* idx = nullptr;  // positions: int64, or int32 (in the same buffer) when `narrow`
@@ -778,7 +778,7 @@ struct PermTable {
 const PermTable perm_table;
 #endif
 
-// Below this many elements positions fit int32 lanes, with room for the 8-lane writes
+// Below this many elements positions fit int32 lanes, with space for the 8-lane writes
 // past the last one (the permutation path and int32 pools/selections).
 constexpr int64_t NARROW_LIMIT = (int64_t(1) << 31) - 16;
 
@@ -977,7 +977,7 @@ inline int64_t count_nonzero(const float* x, int64_t n) {
 // mid and the window's elements above η₁, and every later stage only looks at the pool.
 // One block's stream is written to val from k on, its window to win from kw on, its
 // bitmap bytes in place; k returned, kw updated. The stores are 8 or 16 lanes wide
-// whatever the hits: they stay inside the room of the elements read so far plus those
+// whatever the hits: they stay inside the space of the elements read so far plus those
 // being read, when the thread's stream and window start at its first element.
 constexpr int64_t CHECKPOINT = 512;  // elements between stream checkpoints (64 bitmap bytes)
 
@@ -1165,13 +1165,13 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
 // out[0..6]: the first stage's totals (as gc_stats over every element, Σy² with bit 0,
 // the nonzeros always, Σ ln|x| with `logs`);
 // out[7..9]: mid's count, Σ (Σ|x|, or Σz with bit 1) and Σz² (with bit 1).
-// The stream's values are written straight into val (room for n) and read there by the
-// caller, as val[0, *total), and the window's into win (room for n), as win[0, *wtotal):
+// The stream's values are written straight into val (space for n) and read there by the
+// caller, as val[0, *total), and the window's into win (space for n), as win[0, *wtotal):
 // no per-thread buffers to copy them out of. Thread t writes its values forwards from R_t,
-// the first of its elements (room for all of them is there); then each thread's run is
+// the first of its elements (space for all of them is there); then each thread's run is
 // moved down to follow the one before: by all threads at once where the run's new place
 // does not overlap its old one (a run of less than about half the elements), else by one
-// memmove. The bitmap (room for ⌈n/64⌉ 64-bit words) is written in place, the bits past n
+// memmove. The bitmap (space for ⌈n/64⌉ 64-bit words) is written in place, the bits past n
 // cleared; after it, one int32 per CHECKPOINT elements: the stream's size before them
 // (where stream_select starts its walk). Returns 0, or -1 when no memory could be had.
 int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, double w,
@@ -1251,7 +1251,7 @@ int sidco_spec(const float* x, int64_t n, int threads, int squares, int logs, do
 // threads: each part finds its first entry's checkpoint by bisection and walks the later
 // ones forwards; within a checkpoint's 8 words the entry's word is the number of their
 // running bit counts at or below it (no branch to mispredict; the words past the bitmap's
-// end are read from the room's padding and never counted), and its bit is deposited by
+// end are read from the bitmap's padding and never counted), and its bit is deposited by
 // pdep where BMI2 is fast, else found by clearing the lower ones. Returns 0, -1 when q is
 // not ascending or holds a negative, -2 when an entry is past the stream's end.
 int stream_select(const uint8_t* bits, int64_t n, int64_t total, const int32_t* q, int64_t m,
@@ -1380,12 +1380,12 @@ int all_finite(const T* x, int64_t n, int threads) {
 // for every threshold sparsifier) by a cursor per run, runs in order; else after a stable
 // counting sort by region (each thread counts and places its own share, shares in order).
 // Either way an element's additions keep their pair order. Each region is built in a
-// thread's zeroed scratch, which stays in L2: its pairs added; for a power-of-two divisor
+// thread's zeroed workspace, which stays in L2: its pairs added; for a power-of-two divisor
 // the whole region scaled by its exact inverse as it is written out, for any other its
 // touched elements divided, each once (a bitmap marks them; the rest hold +0.0, and
 // +0.0 / divisor is +0.0); the region written to out in one pass, with non-temporal
 // stores for a large out (no read of its lines first), after which the touched elements
-// of the scratch are zeroed again. So out is written once and never read: the additions
+// of the workspace are zeroed again. So out is written once and never read: the additions
 // hit L2 instead of lines of out that a zeroing pass has already pushed out of the cache.
 // Returns -1, or the position of the first index outside [0, n) (then nothing has been
 // written). (scatter_mean itself follows its helpers below.)
@@ -1482,7 +1482,7 @@ void write_regions(T* out, int64_t n, int64_t regions, double divisor, int parts
         copy_out_scaled(out + base, buf, len, inverse, stream);
       else
         copy_out(out + base, buf, len * static_cast<int64_t>(sizeof(T)), stream);
-      auto clear = from;  // the scratch back to zeros (and the bitmap to none)
+      auto clear = from;  // the workspace back to zeros (and the bitmap to none)
       if (divide)
         clear.each(r, [&](uint32_t e, T) { buf[e] = T(0); done[e >> 6] = 0; });
       else
@@ -1795,7 +1795,7 @@ void select_take(void* handle, int64_t* idx_out, int32_t* idx32_out, T* val_out)
 
 extern "C" {
 
-int gc_abi_version() { return 17; }
+int gc_abi_version() { return 18; }
 
 void gc_advise_huge(void* p, int64_t bytes) { advise_huge(p, static_cast<size_t>(bytes)); }
 
@@ -1826,9 +1826,9 @@ void gc_add_levels(float* total, const void* level, int type, int64_t n, const i
   }
 }
 
-// Frees the scratch buffers kept between calls (they are kept up to POOL_KEEP, the largest
+// Frees the workspace buffers kept between calls (they are kept up to POOL_KEEP, the largest
 // ever used: after a very large tensor a process may want the memory back).
-void gc_release_scratch() {
+void gc_release_workspaces() {
   std::lock_guard<std::mutex> lock(pool_mutex);
   for (Buf& b : pool_bufs) std::free(b.p);
   pool_bufs.clear();

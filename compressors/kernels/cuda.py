@@ -1,4 +1,4 @@
-"""Triton kernels: the CUDA twins of the CPU library's magnitude passes (kernels.cpp).
+"""Triton kernels: the CUDA twins of the CPU library's magnitude passes (csrc/kernels.cpp).
 
 The threshold sparsifiers spend their time in a few passes over |acc|: statistics (counts,
 sums, extremes), a count above a threshold, and the selection of the positions (and |x|)
@@ -13,10 +13,9 @@ each is one kernel that reads x once:
   (a block-local prefix sum), so the result is ascending like `nonzero`'s, with no
   full-size mask and no sort. One host synchronisation (the total) sizes the output.
 - `sample_abs`: DGC/DRAGONN's threshold sample drawn from the same counter-based stream
-  as the CPU kernel (compressors.counter_stream), so both devices read the same positions.
+  as the CPU kernel (counter_stream.py), so both devices read the same positions.
 - `dragonn_slots`: DRAGONN's memory write (hash, slot, priority) with one 64-bit atomic
-  max per candidate, then the value gather: the same integers as compressors.dragonn's
-  write_slots.
+  max per candidate, then the value gather: the same integers as reference.write_slots.
 - `dragonn_encode`: the same memory written straight from one read of x (no compaction),
   with the threshold and the hash seeds read from device tensors: DRAGONN's encoding with
   no host synchronisation. `select` and `sample_abs` can likewise take their threshold and
@@ -26,7 +25,7 @@ Comparisons are made in float32 with the threshold rounded to float32, as torch 
 `tensor >= python_float`, so selections equal the torch reference's bit for bit wherever
 the thresholds agree. Only contiguous float32 CUDA tensors are taken; everything else goes
 the reference path, as does every call on a device where `self_test` (run once per device
-by compressors._native before first use) found a kernel that fails to compile or
+by ops.py before first use) found a kernel that fails to compile or
 disagrees with torch. That first use compiles every variant (26 s on an H100 with an empty
 cache; Triton keeps them in its cache, so later processes load them). With
 TRITON_INTERPRET=1 (Triton's CPU interpreter) the same kernels run on CPU tensors: the
@@ -40,7 +39,8 @@ import struct
 
 import torch
 
-from compressors._native import round_f32 as _f32
+from compressors.kernels.numerics import round_f32 as _f32
+from compressors.kernels.types import NonFinite
 
 try:  # triton ships with CUDA builds of torch; absent elsewhere (then: reference paths)
     import triton
@@ -56,7 +56,7 @@ SUB_WARPS = 2  # warps per program of the selection's writing pass
 TILES = 4  # blocks per program of the reductions (count, stats): fewer partials to add
 SMALL_BLOCK = 1024  # per program of the passes over samples and candidates
 # DRAGONN's fused write: elements and warps per program, and the chunks within a program
-# (the hash is computed only in chunks holding a hit). scripts/bench_gpu_parts.py's sweep
+# (the hash is computed only in chunks holding a hit). benchmarks/kernels/gpu_parts.py's sweep
 # on the H100 at 128M (ms; floor 0.183): 4096/4 warps/512 0.333, chunks of 128 0.581,
 # 256 0.365, 1024 0.368; 8 warps 0.43; blocks of 2048 and 8192 within 3% of 4096.
 FUSED_BLOCK = 4096
@@ -285,7 +285,7 @@ if triton is not None:
 
     @triton.jit
     def _mix32(h):
-        # compressors.counter_stream._mix32_ on 32-bit words held in int64
+        # counter_stream._mix32_ on 32-bit words held in int64
         h = ((h ^ (h >> 16)) * 0x21F0AAAD) & 0xFFFFFFFF
         h = ((h ^ (h >> 15)) * 0x735A2D97) & 0xFFFFFFFF
         return h ^ (h >> 15)
@@ -312,7 +312,7 @@ if triton is not None:
 
     @triton.jit
     def _dragonn_slot(key, s0, s1, m, index_bits, priority_shift):
-        # compressors.dragonn._mix32 (two seeded rounds) of int64 keys < 2^32, then
+        # reference._mix32 (two seeded rounds) of int64 keys < 2^32, then
         # Lemire's slot and the (priority, index) packing of write_slots. The hash in
         # 32-bit unsigned words (its products wrap mod 2^32 as the torch code's masks
         # do), the slot their high word with m (Lemire's h·m >> 32); only the packed
@@ -429,7 +429,7 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
     and a writing pass that reads only the sub-blocks holding a hit. `t`: a float, or a
     one-element float32 tensor on x's device (read there: the total is then the only
     synchronisation). `check_finite`: the counting pass also looks for NaN and Inf (read
-    back in the same synchronisation) and compressors._native.NonFinite is raised when it
+    back in the same synchronisation) and types.NonFinite is raised when it
     finds one."""
     n = x.numel()
     t = _device_threshold(t, x)
@@ -445,8 +445,6 @@ def select(x: torch.Tensor, t: float | torch.Tensor, strict: bool = False,
     if check_finite:
         total, bad = torch.cat((ends[-1:], flag)).tolist() if nsub else (0, 0)
         if bad:
-            from compressors._native import NonFinite  # noqa: PLC0415 (the package)
-
             raise NonFinite("the tensor holds NaN or Inf")
     else:
         total = int(ends[-1]) if nsub else 0
@@ -477,7 +475,7 @@ def stats_partials(x: torch.Tensor, above: float | None = None, shift: float = 0
 def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
           squares: bool = False, extremes: bool = False, logs: bool = False,
           nonzeros: bool = False) -> tuple:
-    """(count, Σy, Σy², max, min, nonzero, Σ ln|x|) as compressors._native.stats defines
+    """(count, Σy, Σy², max, min, nonzero, Σ ln|x|) as cpu.stats defines
     them: one read pass; the programs' partials are added in program order by one small
     kernel on the device, and the 7 results copied to the host (one synchronisation)."""
     return reduce_stats(stats_partials(x, above, shift, squares, extremes, logs, nonzeros))
@@ -546,7 +544,7 @@ def _dragonn_take(packed: torch.Tensor, m: int, index_bits: int, acc: torch.Tens
 def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: int,
                   seeds: tuple[int, int], acc: torch.Tensor, values: bool = True,
                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """compressors._native.dragonn_slots on the device: slots (int64, −1 where empty) and
+    """cpu.dragonn_slots on the device: slots (int64, −1 where empty) and
     the values of acc there (0 where empty)."""
     packed = torch.full((m,), -1, dtype=torch.int64, device=acc.device)
     if keys.numel():
@@ -559,11 +557,11 @@ def dragonn_slots(keys: torch.Tensor, m: int, index_bits: int, priority_bits: in
 def self_test(device: torch.device | str) -> str | None:
     """Run the kernels once on `device` in the variants the compressors use and compare each
     result with torch: None when all agree, else what failed (a Triton that cannot compile
-    for this GPU, or a wrong result). compressors._native runs it once per device before
+    for this GPU, or a wrong result). ops.py runs it once per device before
     using the kernels. Sizes: a multiple of 16 (how Triton specialises most gradients) for
     every variant, and a ragged one for the common variants."""
-    from compressors.counter_stream import counter_hash, seed_words  # noqa: PLC0415
-    from compressors.dragonn import priority_layout, write_slots  # noqa: PLC0415
+    from compressors.kernels.counter_stream import counter_hash, seed_words  # noqa: PLC0415
+    from compressors.kernels.reference import priority_layout, write_slots  # noqa: PLC0415
 
     def close(a: float, b: float) -> bool:
         return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
@@ -623,7 +621,7 @@ def self_test(device: torch.device | str) -> str | None:
                 try:
                     select(one_bad, t, check_finite=True)
                     return f"select (check_finite=True) misses a {bad}"
-                except FloatingPointError:  # compressors._native.NonFinite
+                except NonFinite:
                     pass
             t_dev = torch.tensor([t], dtype=torch.float32, device=x.device)
             for strict in (False, True):

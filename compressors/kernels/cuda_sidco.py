@@ -1,6 +1,6 @@
 """SIDCo's stages on a CUDA device with no host synchronisation between them (Triton).
 
-On the host-driven path (compressors/sidco.py, `_native.stats` / `select` on CUDA) every
+On the host-driven path (sidco_pipeline.select_host, `ops.stats` / `select` on CUDA) every
 stage copies its statistics to the host, where the next threshold is fitted: at 128M
 elements on an H100 that path took 10–23× a device read pass, most of it the host waiting
 for the device and the device for the host. Here the thresholds stay on the device:
@@ -48,9 +48,9 @@ from typing import NamedTuple
 
 import torch
 
-from compressors._native import gpu
-from compressors._native.gpu import BLOCK, TILES, WARPS, _f32, _f64_bits, _grid
-from compressors.threshold import CANCELLATION, SAFE_MEAN
+from compressors.kernels import cuda as gpu
+from compressors.kernels.cuda import BLOCK, TILES, WARPS, _f32, _f64_bits, _grid
+from compressors.kernels.numerics import CANCELLATION, SAFE_MEAN
 
 triton, tl = gpu.triton, gpu.tl
 
@@ -93,7 +93,7 @@ SPIN_LIMIT = 1 << 22
 LOOK_BACK = 32
 
 if triton is not None:
-    from compressors._native.gpu import _exceedances, _signed_hits
+    from compressors.kernels.cuda import _exceedances, _signed_hits
 
     # the constants above as the kernels take them
     _HEAD = tl.constexpr(HEAD)
@@ -205,7 +205,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["n", "u_bits", "pa_bits", "pa_slot", "cap_w", "cap_p"])
     def _spec_read_kernel(x_ptr, n, w, u, pa, u_bits, pa_bits, pa_slot, part_ptr, mid_ptr,
-                          scratch_ptr,
+                          words_ptr,
                           win_ptr, cap_w, pos_ptr, val_ptr, cap_p, totals_ptr, board_ptr,
                           t32_ptr, SQUARES: tl.constexpr, MID_SQUARES: tl.constexpr,
                           LOGS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
@@ -218,7 +218,7 @@ if triton is not None:
         #   cap_p entries (a pool past its buffer is flagged); their sizes into totals;
         # - pa into `pa_slot` (the pool's bound, for the final check).
         # w, u, pa: float32; u_bits, pa_bits: u and pa as float64 bits.
-        tile = tl.atomic_add(scratch_ptr, 1)  # int64: the tiles in the order programs start
+        tile = tl.atomic_add(words_ptr, 1)  # int64: the tiles in the order programs start
         offs = tile * BLOCK + tl.arange(0, BLOCK)
         inside = offs < n
         x = tl.load(x_ptr + offs, mask=inside, other=0.0)
@@ -233,7 +233,7 @@ if triton is not None:
         hp = hit.to(tl.int32)
         cw = tl.sum(hw, axis=0)
         cp = tl.sum(hp, axis=0)
-        words = (scratch_ptr + 1).to(tl.pointer_type(tl.uint64))
+        words = (words_ptr + 1).to(tl.pointer_type(tl.uint64))
         local = (cp.to(tl.uint64) << _BITS) | cw.to(tl.uint64)
         before, found = _running_offsets(words, tile, local, SPIN)
         if not found:  # (writes below stay within the buffers; the step is redone)
@@ -496,24 +496,24 @@ class Speculative(NamedTuple):
 
 class Stages:
     """One SIDCo step's device state (see the module docstring): thresholds in `slots`
-    numbered from 0, the first stage's in slot 0. A pool's buffer holds `room` times the
+    numbered from 0, the first stage's in slot 0. A pool's buffer holds `capacity` times the
     elements expected to pass (and 4096). At most `slots` + 1 passes that compact (the
     speculative read, `compact`, `final`) per step."""
 
-    def __init__(self, acc: torch.Tensor, slots: int, room: float = 4.0):
+    def __init__(self, acc: torch.Tensor, slots: int, capacity: float = 4.0):
         if not gpu.supports(acc):
             raise TypeError("Stages takes a contiguous float32 tensor on the current CUDA "
                             "device (or a CPU one under Triton's interpreter)")
-        self.acc, self.room, self.slots = acc, room, slots
+        self.acc, self.capacity, self.slots = acc, capacity, slots
         # The board, zeroed once: the head and thresholds, then one counter per slot (the
-        # programs of the stage fitted into it that are done), then the scratch the passes
-        # that compact take their look-back words and counts from (_scratch): enough for
+        # programs of the stage fitted into it that are done), then the region the passes
+        # that compact take their look-back words and counts from (_lookback): enough for
         # slots + 1 of them over acc, each region 16-byte aligned.
         tiles = -(-acc.numel() // min(SPEC_BLOCK, COMPACT_BLOCK))
         head = _even(HEAD + 2 * slots)
         self.board = torch.zeros(head + (slots + 1) * _even(tiles + 4), dtype=torch.int64,
                                  device=acc.device)
-        self._scratch = _Region(self.board, head, "passes that compact")
+        self._lookback = _Region(self.board, head, "passes that compact")
         self.t32 = torch.empty(slots, dtype=torch.float32, device=acc.device)
         # The partials (float64) of the speculative read (stage 1's rows and the mid's) and
         # of each later stage, carved from one buffer
@@ -570,7 +570,7 @@ class Stages:
         previous steps (float32 as the comparisons see them): stage 1's partials (7 rows,
         Σx² when `squares`, nonzeros and Σ ln|x| when `logs`), the exceedances of `upper`
         (Σz² when `mid_squares`), the window [window, upper) and the pool |x| > pool_above,
-        in buffers of `room` times the fractions `keep_window` and `keep_pool` expected
+        in buffers of `capacity` times the fractions `keep_window` and `keep_pool` expected
         there (and 4096). pool_above goes into `pa_slot`. acc must hold < SPEC_LIMIT
         elements."""
         acc, device = self.acc, self.acc.device
@@ -578,18 +578,18 @@ class Stages:
         if n >= SPEC_LIMIT:
             raise ValueError(f"the speculative read takes fewer than 2^31 elements, not {n}")
         progs = -(-n // SPEC_BLOCK)
-        cap_w = min(n, math.ceil(self.room * keep_window * n) + 4096)
-        cap_p = min(n, math.ceil(self.room * keep_pool * n) + 4096)
+        cap_w = min(n, math.ceil(self.capacity * keep_window * n) + 4096)
+        cap_p = min(n, math.ceil(self.capacity * keep_pool * n) + 4096)
         part = self._partials.take(gpu._STATS, progs)
         mid = self._partials.take(3, progs)
-        scratch = self._scratch.take(progs + 1)
+        words = self._lookback.take(progs + 1)
         win = torch.empty(cap_w, dtype=acc.dtype, device=device)
         positions = torch.empty(cap_p, dtype=torch.int64, device=device)
         values = torch.empty(cap_p, dtype=acc.dtype, device=device)
-        totals = self._scratch.take(2)
+        totals = self._lookback.take(2)
         bounds = (_f32(window), _f32(upper), _f32(pool_above))
         _spec_read_kernel[(progs,)](acc, n, *bounds, _f64_bits(bounds[1]),
-                                    _f64_bits(bounds[2]), pa_slot, part, mid, scratch, win,
+                                    _f64_bits(bounds[2]), pa_slot, part, mid, words, win,
                                     cap_w,
                                     positions, values, cap_p, totals, self.board, self.t32,
                                     SQUARES=squares, MID_SQUARES=mid_squares, LOGS=logs,
@@ -609,11 +609,11 @@ class Stages:
     def compact(self, src: Pool, slot: int, keep: float, strict: bool = True,
                 cap: int | None = None) -> Pool:
         """The elements of `src` with |x| > t (≥ t when not strict), t in `slot`, into a
-        new pool of `cap` entries (by default `room` times the `keep` fraction expected to
+        new pool of `cap` entries (by default `capacity` times the `keep` fraction expected to
         pass, and 4096; never more than src's), in one pass (_compact_kernel); a pool
         that would outgrow it is flagged, and its count is the size before the cap."""
         if cap is None:
-            cap = min(src.cap, math.ceil(self.room * keep * src.cap) + 4096)
+            cap = min(src.cap, math.ceil(self.capacity * keep * src.cap) + 4096)
         return self._compact(src, slot, cap, strict)
 
     def final(self, src: Pool, slot: int, base: Pool | None, base_slot: int,
@@ -627,8 +627,8 @@ class Stages:
                  base: Pool | None = None, base_slot: int = 0) -> Pool:
         device = self.acc.device
         progs = max(1, -(-src.cap // COMPACT_BLOCK))
-        words = self._scratch.take(progs + 1)
-        count = self._scratch.take(1)
+        words = self._lookback.take(progs + 1)
+        count = self._lookback.take(1)
         positions = torch.empty(cap, dtype=torch.int64, device=device)
         values = torch.empty(cap, dtype=self.acc.dtype, device=device)
         mapped, has_base = src.positions is not None, base is not None
@@ -649,7 +649,7 @@ class Stages:
 
 class _Region:
     """Consecutive blocks of `buffer` from `start` on, each handed out once, each 16-byte
-    aligned (Stages' scratch and partials)."""
+    aligned (Stages' look-back words and partials)."""
 
     def __init__(self, buffer: torch.Tensor, start: int, what: str):
         self.buffer, self.free, self.what = buffer, start, what

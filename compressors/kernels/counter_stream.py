@@ -1,6 +1,6 @@
-"""The counter-based random stream shared by THC (stochastic-rounding noise, RHT signs)
-and DGC/DRAGONN (threshold-sample positions): the torch twin of counter_hash in
-compressors/_native/common.h, which the native kernels use."""
+"""The counter-based random stream shared by THC (stochastic-rounding noise, RHT signs),
+QSGD/TernGrad (rounding noise) and DGC/DRAGONN (threshold-sample positions): the torch
+twin of counter_hash in csrc/common.h, which the C++ and Triton kernels use."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _mix32_(h: torch.Tensor) -> torch.Tensor:
 
 def counter_hash(index: torch.Tensor, seed: int) -> torch.Tensor:
     """h(i) of the stream keyed by `seed` for non-negative integer indices (int64 result
-    in [0, 2^32)); the torch twin of counter_hash in compressors/_native/common.h."""
+    in [0, 2^32)); the torch twin of counter_hash in csrc/common.h."""
     k0, k1 = seed_words(seed)
     index = index.long()
     h = _mix32_(torch.bitwise_and(index, _MASK32).bitwise_xor_(k0))

@@ -1,3 +1,0 @@
-from compressors._native import _main
-
-raise SystemExit(_main())

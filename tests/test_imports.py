@@ -1,0 +1,151 @@
+"""The import graph of the compressors package: no circle anywhere in it, and the kernel
+layer (compressors/kernels/) imports nothing of the package outside itself, so the
+algorithms sit on the kernels and never the other way round. Every import counts,
+module-level or inside a function, relative ones resolved against the importing module."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "compressors"
+KERNELS = f"{PACKAGE}.kernels"
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def modules(root: Path = ROOT, package: str = PACKAGE) -> dict[str, Path]:
+    """Every module of `package` under `root`, by dotted name."""
+    return {module_name(p, root): p for p in sorted((root / package).rglob("*.py"))}
+
+
+def imported(path: Path, name: str, known: set[str]) -> set[str]:
+    """The modules of `known` that the module `name` (file `path`) imports: `import a.b`
+    and `from a import b` name a.b when it is a module, else a; relative imports are
+    resolved against `name`'s package."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        while target and target not in known:  # a name inside a module: the module
+            target = target.rpartition(".")[0]
+        if target:
+            found.add(target)
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                add(f"{source}.{alias.name}" if f"{source}.{alias.name}" in known else source)
+    found.discard(name)
+    return found
+
+
+def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
+    mods = modules(root, package)
+    known = set(mods)
+    return {name: imported(path, name, known) for name, path in mods.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """A circle of imports (its modules, the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_package_has_no_import_circle():
+    graph = import_graph()
+    assert len(graph) > 20 and f"{KERNELS}.ops" in graph
+    cycle = find_cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_the_kernel_layer_imports_no_algorithm_module():
+    graph = import_graph()
+    kernel_modules = [m for m in graph if m == KERNELS or m.startswith(KERNELS + ".")]
+    assert {f"{KERNELS}.ops", f"{KERNELS}.cuda", f"{KERNELS}.sidco_pipeline"} <= set(kernel_modules)
+    arrows = sorted((m, t) for m in kernel_modules for t in graph[m]
+                    if not (t == KERNELS or t.startswith(KERNELS + ".")))
+    assert arrows == [], "kernel modules importing the package above them: " + ", ".join(
+        f"{m} -> {t}" for m, t in arrows)
+
+
+def test_the_algorithms_reach_the_kernels_through_the_layer():
+    """Every algorithm module that uses a kernel imports compressors.kernels.*; none imports
+    the bindings of one implementation (cpu, cuda) except through ops or a pipeline."""
+    graph = import_graph()
+    direct = {f"{KERNELS}.cpu", f"{KERNELS}.cpu_thc", f"{KERNELS}.cuda", f"{KERNELS}.cuda_sidco",
+              f"{KERNELS}.build"}
+    algorithms = [m for m in graph if not m.startswith(KERNELS)]
+    assert sorted((m, t) for m in algorithms for t in graph[m] & direct) == []
+    assert any(f"{KERNELS}.ops" in graph[m] for m in algorithms)
+
+
+# -- the walker itself, on a throw-away package -------------------------------------------------
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+def test_a_circle_through_relative_and_function_level_imports_is_found(tmp_path):
+    root = _package(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from . import b\n",
+        "pkg/b.py": "def f():\n    from .sub import c\n",
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/c.py": "from ..a import something\n",
+        "pkg/d.py": "import pkg.sub.c\n",
+    })
+    graph = import_graph(root, "pkg")
+    assert graph["pkg.b"] == {"pkg.sub.c"} and graph["pkg.sub.c"] == {"pkg.a"}
+    assert graph["pkg.d"] == {"pkg.sub.c"}
+    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
+
+
+@pytest.mark.parametrize("text", ["import os\n", "from pkg import b\n", "from .b import g\n"])
+def test_no_circle_where_imports_only_go_one_way(tmp_path, text):
+    root = _package(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": text, "pkg/b.py": "x = 1\n"})
+    assert find_cycle(import_graph(root, "pkg")) is None
