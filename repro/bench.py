@@ -35,11 +35,20 @@ How each number is taken:
   the worker's own contribution (error feedback), each an affine map, an FWHT and the
   sign flip. (With aggregation="ps" the parameter server's lookup and sum would run
   between the rounds and count as encode: the bench builds the default.)
-- Minima are reported beside the medians: on a shared machine a call preempted by
-  another process (with 2 threads on 2 busy cores, a parallel region waits a whole
-  scheduler slice, ~4-16 ms) inflates the median, rarely the minimum.
-- Bounded run: a cell whose warm-up call shows that `repeats` calls would exceed
-  `budget_s` gets fewer repeats (at least one); every such cap is listed in `capped`.
+- Interleaved rounds: every cell of one tensor size (each compressor at each ratio; each
+  decoding of K ranks) is warmed up once, then timed in `repeats` rounds, one call per
+  cell a round, the order rotated by one cell each round (A B C, B C A, C A B, ...). A
+  slow spell of a shared machine then hits every cell alike instead of a few cells'
+  whole samples, and a ratio of two cells (a speed-up over Top-k, dense over batched
+  decoding) is taken round by round, so the two numbers of each ratio were measured
+  moments apart. Each cell keeps its per-round samples (`encode_samples_ms`, ...).
+- Spread: beside each median the 10th and 90th percentiles of the samples (`*_p10_*`,
+  `*_p90_*`; `SPREAD_PERCENTILES`) and the minimum: on a shared machine a call
+  preempted by another process (with 2 threads on 2 busy cores, a parallel region waits
+  a whole scheduler slice, ~4-16 ms) inflates single calls, which the interval shows.
+- Bounded run: when the warm-up calls show that `repeats` rounds would take longer than
+  `budget_s` per cell, fewer rounds are run (at least one); every cell so capped is
+  listed in `capped`.
 """
 
 from __future__ import annotations
@@ -229,6 +238,53 @@ def timed(fn: Callable[[], Any], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
+SPREAD_PERCENTILES = (10, 90)  # the interval reported beside every median
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of `samples`, linearly interpolated between the two
+    nearest order statistics (numpy's default), without numpy."""
+    if not samples:
+        raise ValueError("percentile of no samples")
+    xs = sorted(samples)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def spread(samples: Sequence[float]) -> tuple[float, float, float]:
+    """(median, 10th percentile, 90th percentile) of timing samples."""
+    lo_q, hi_q = SPREAD_PERCENTILES
+    return (statistics.median(samples), percentile(samples, lo_q), percentile(samples, hi_q))
+
+
+def interleaved(
+    samplers: Sequence[Callable[[], tuple[float, ...]]],
+    repeats: int,
+    budget_s: float,
+) -> tuple[list[list[tuple[float, ...]]], int]:
+    """Time several cells in interleaved rounds: one warm-up call of each sampler, then
+    `repeats` rounds, each calling every sampler once, the order rotated by one per round
+    (A B C, B C A, C A B, ...) so that each cell takes each place in the round alike.
+    Fewer rounds (at least one) when the warm-up calls show that `repeats` rounds would
+    exceed `budget_s` per sampler. Returns the samples of each sampler, round by round
+    (`samples[i][r]` is sampler i's tuple in round r), and the number of rounds."""
+    if not samplers:
+        return [], 0
+    warm = [s() for s in samplers]
+    per_round = max(sum(sum(w) for w in warm), 1e-9)  # every component is a timed call
+    budget = budget_s * len(samplers)
+    n = repeats if per_round * repeats <= budget else max(1, int(budget // per_round))
+    samples: list[list[tuple[float, ...]]] = [[] for _ in samplers]
+    count = len(samplers)
+    for r in range(n):
+        for j in range(count):
+            i = (r + j) % count
+            samples[i].append(samplers[i]())
+    return samples, n
+
+
 def repeat_median(
     sample: Callable[[], tuple[float, ...]],
     repeats: int,
@@ -237,13 +293,32 @@ def repeat_median(
     """One warm-up call, then up to `repeats` calls; the per-component medians, minima
     (robust to a busy machine preempting a call) and the number of calls used (fewer
     than `repeats` when they would exceed `budget_s`)."""
-    warm = sample()
-    per_call = max(sum(warm), 1e-9)  # every component is a timed call
-    n = repeats if per_call * repeats <= budget_s else max(1, int(budget_s // per_call))
-    runs = [sample() for _ in range(n)]
-    medians = tuple(statistics.median(r[i] for r in runs) for i in range(len(warm)))
-    minima = tuple(min(r[i] for r in runs) for i in range(len(warm)))
+    (runs,), n = interleaved([sample], repeats, budget_s)
+    width = len(runs[0])
+    medians = tuple(statistics.median(r[i] for r in runs) for i in range(width))
+    minima = tuple(min(r[i] for r in runs) for i in range(width))
     return medians, minima, n
+
+
+def floor_calibration(numel: int = 2**22, calls: int = 21, threads: int | None = None
+                      ) -> dict[str, float]:
+    """The one-read-pass floor (`torch.sum` of a precomputed |x|, 16 MB) timed `calls`
+    times after a warm-up: its median and its 10th/90th percentiles in ms, and their
+    ratio (`spread`, 1.0 on a quiet machine). A quick gauge of how noisy this machine's
+    timings are right now, recorded beside a figure's results."""
+    old = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        abs_x = torch.rand(numel)
+        (runs,), _ = interleaved([lambda: (timed(lambda: torch.sum(abs_x), abs_x.device),)],
+                                 calls, budget_s=float("inf"))
+    finally:
+        torch.set_num_threads(old)
+    med, p10, p90 = spread([1e3 * r[0] for r in runs])
+    return {"numel": numel, "calls": len(runs), "floor_ms": med, "floor_p10_ms": p10,
+            "floor_p90_ms": p90, "spread": p90 / p10 if p10 > 0 else float("inf"),
+            "threads": threads if threads is not None else old}
 
 
 def time_exchanges(session: Session, x: torch.Tensor, repeats: int, budget_s: float,
@@ -423,14 +498,30 @@ def run_bench(
     return report
 
 
+def _ms_stats(prefix: str, samples_s: Sequence[float]) -> dict[str, Any]:
+    """median / 10th / 90th percentile / minimum (ms) of one timed component."""
+    med, p10, p90 = spread(samples_s)
+    return {f"{prefix}_ms": 1e3 * med, f"{prefix}_p10_ms": 1e3 * p10,
+            f"{prefix}_p90_ms": 1e3 * p90, f"{prefix}_min_ms": 1e3 * min(samples_s)}
+
+
+def _ratio_stats(prefix: str, num: Sequence[float], den: Sequence[float]) -> dict[str, Any]:
+    """The round-by-round ratio num[r] / den[r] of two interleaved cells: median and
+    10th / 90th percentiles (None where a denominator is 0)."""
+    ratios = [a / b for a, b in zip(num, den) if b > 0]
+    if not ratios:
+        return {prefix: None, f"{prefix}_p10": None, f"{prefix}_p90": None}
+    med, p10, p90 = spread(ratios)
+    return {prefix: med, f"{prefix}_p10": p10, f"{prefix}_p90": p90}
+
+
 def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, seed) -> None:
     dev, size = x.device, x.numel()
-    abs_x = x.abs()
+    held = {"abs": x.abs()}  # |x| for the floor, released once the rounds are done
     (sum_s, l1_s), (sum_min, l1_min), _ = repeat_median(
-        lambda: (timed(lambda: torch.sum(abs_x), dev),
+        lambda: (timed(lambda: torch.sum(held["abs"]), dev),
                  timed(lambda: torch.linalg.vector_norm(x, 1), dev)),
         max(3 * repeats, 15), budget_s)  # sub-millisecond: more samples
-    del abs_x
     floor = {"device": str(dev), "numel": size, "sum_abs_ms": 1e3 * sum_s,
              "l1_norm_ms": 1e3 * l1_s, "sum_abs_min_ms": 1e3 * sum_min,
              "l1_norm_min_ms": 1e3 * l1_min}
@@ -458,63 +549,98 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
     # dense per-rank decoding's scratch: allocated once per size.
     dest = torch.empty_like(x)
     scratch = torch.empty_like(x) if decode_workers else None
-    reference: dict[float | None, float] = {}
     quantiles: dict[float, float] = {}
+    cells: list[dict[str, Any]] = []
     for name in names:
-        cell_ratios = ratios if _accepts_ratio(name) else [None]
-        for ratio in cell_ratios:
+        for ratio in (ratios if _accepts_ratio(name) else [None]):
             params = _cell_params(name, ratio, x, quantiles)
-            comp = compressors.build(name, **params)
-            session = Session(comp, rank=0, world_size=1, feedback="none", seed=seed,
-                              check_finite=False, measure=False)
-            (enc, dec), (enc_min, dec_min), n, outcome = time_exchanges(
-                session, x, repeats, budget_s, out=dest)
-            cap_note(f"{name} ratio {ratio}", n)
-            if name == REFERENCE:
-                reference[ratio] = enc
-            ref = reference.get(ratio) if ratio is not None else None
-            selected = outcome.selected
-            probes = outcome.extra.get("probes")
-            fwht = floor.get("fwht_ms")
-            report["encode"].append({
-                "device": str(dev), "numel": size, "compressor": name, "ratio": ratio,
-                "k": target_k(size, ratio) if ratio is not None else None,
-                "k_hat": int(selected) if selected is not None else None,
-                "params": {k: v for k, v in params.items() if k != "ratio"} or None,
-                "encode_ms": 1e3 * enc, "decode_ms": 1e3 * dec, "repeats": n,
-                "encode_min_ms": 1e3 * enc_min, "decode_min_ms": 1e3 * dec_min,
-                "encode_over_floor": enc / sum_s if sum_s > 0 else None,
-                "encode_over_l1": enc / l1_s if l1_s > 0 else None,
-                "encode_over_topk": enc / ref if ref else None,
-                "speedup_over_topk": ref / enc if ref and enc > 0 else None,
-                # RedSync: the goal is per iteration of its threshold search.
-                "probes": probes,
-                "encode_per_probe_over_floor": (enc / probes / sum_s
-                                                if probes and sum_s > 0 else None),
-                "encode_over_fwht": (1e3 * enc / fwht
-                                     if fwht and name.startswith("thc") else None),
-                "decode_over_fwht": (1e3 * dec / fwht
-                                     if fwht and name.startswith("thc") else None),
-            })
+            session = Session(compressors.build(name, **params), rank=0, world_size=1,
+                              feedback="none", seed=seed, check_finite=False, measure=False)
+            cells.append({"name": name, "ratio": ratio, "params": params, "session": session,
+                          "step": 0, "outcome": None})
 
+    def encode_sampler(cell: dict[str, Any]) -> Callable[[], tuple[float, float]]:
+        def sample() -> tuple[float, float]:
+            outcome, enc, dec = exchange_once(cell["session"], x, cell["step"], out=dest)
+            cell["step"] += 1
+            cell["outcome"] = outcome
+            return enc, dec
+        return sample
+
+    # The floor (one read pass) is a cell of the rounds too, so that every encode time
+    # has a floor time taken in the same round.
+    samplers = [lambda: (timed(lambda: torch.sum(held["abs"]), dev), 0.0)]
+    samplers += [encode_sampler(c) for c in cells]
+    samples, n = interleaved(samplers, repeats, budget_s)
+    held.clear()
+    floor_round = [r[0] for r in samples[0]]
+    floor.update(_ms_stats("sum_abs_rounds", floor_round))
+    reference = {c["ratio"]: [r[0] for r in s]
+                 for c, s in zip(cells, samples[1:]) if c["name"] == REFERENCE}
+    for cell, cell_samples in zip(cells, samples[1:]):
+        name, ratio, params = cell["name"], cell["ratio"], cell["params"]
+        enc_s = [r[0] for r in cell_samples]
+        dec_s = [r[1] for r in cell_samples]
+        enc, dec = statistics.median(enc_s), statistics.median(dec_s)
+        cap_note(f"{name} ratio {ratio}", n)
+        ref = reference.get(ratio) if ratio is not None else None
+        ref_med = statistics.median(ref) if ref else None
+        outcome = cell["outcome"]
+        selected = outcome.selected
+        probes = outcome.extra.get("probes")
+        fwht = floor.get("fwht_ms")
+        entry = {
+            "device": str(dev), "numel": size, "compressor": name, "ratio": ratio,
+            "k": target_k(size, ratio) if ratio is not None else None,
+            "k_hat": int(selected) if selected is not None else None,
+            "params": {k: v for k, v in params.items() if k != "ratio"} or None,
+            "repeats": n,
+            **_ms_stats("encode", enc_s), **_ms_stats("decode", dec_s),
+            "encode_over_floor": enc / sum_s if sum_s > 0 else None,
+            "encode_over_l1": enc / l1_s if l1_s > 0 else None,
+            "encode_over_topk": enc / ref_med if ref_med else None,
+        }
+        entry.update(_ratio_stats("speedup_over_topk", ref, enc_s) if ref
+                     else {"speedup_over_topk": None, "speedup_over_topk_p10": None,
+                           "speedup_over_topk_p90": None})
+        entry.update(_ratio_stats("encode_over_floor_rounds", enc_s, floor_round))
+        entry.update({
+            # RedSync: the goal is per iteration of its threshold search.
+            "probes": probes,
+            "encode_per_probe_over_floor": (enc / probes / sum_s
+                                            if probes and sum_s > 0 else None),
+            "encode_over_fwht": (1e3 * enc / fwht
+                                 if fwht and name.startswith("thc") else None),
+            "decode_over_fwht": (1e3 * dec / fwht
+                                 if fwht and name.startswith("thc") else None),
+            "encode_samples_ms": [1e3 * t for t in enc_s],
+        })
+        report["encode"].append(entry)
+    del cells, samplers
+
+    decode_cells = []
     for ratio in ratios:
         k = target_k(size, ratio)
         for workers in decode_workers:
             idx, val = sparse_payloads(size, k, workers, seed=seed, device=dev)
-            args = (idx, val, size, workers, x.dtype)
-            (batched_s, dense_s), (batched_min, dense_min), n = repeat_median(
-                lambda: (timed(lambda: batched_decode(*args, out=dest), dev),
-                         timed(lambda: dense_per_rank_decode(*args, out=dest,
-                                                             scratch=scratch), dev)),
-                repeats, budget_s)
-            cap_note(f"decoding K={workers} ratio {ratio}", n)
-            report["decode"].append({
-                "device": str(dev), "numel": size, "ratio": ratio, "k": k, "workers": workers,
-                "batched_ms": 1e3 * batched_s, "dense_per_rank_ms": 1e3 * dense_s,
-                "batched_min_ms": 1e3 * batched_min, "dense_per_rank_min_ms": 1e3 * dense_min,
-                "dense_over_batched": dense_s / batched_s if batched_s > 0 else None,
-                "repeats": n,
-            })
+            decode_cells.append((ratio, k, workers, (idx, val, size, workers, x.dtype)))
+
+    def decode_sampler(args) -> Callable[[], tuple[float, float]]:
+        return lambda: (timed(lambda: batched_decode(*args, out=dest), dev),
+                        timed(lambda: dense_per_rank_decode(*args, out=dest, scratch=scratch),
+                              dev))
+
+    samples, n = interleaved([decode_sampler(c[3]) for c in decode_cells], repeats, budget_s)
+    for (ratio, k, workers, _), cell_samples in zip(decode_cells, samples):
+        batched = [r[0] for r in cell_samples]
+        dense = [r[1] for r in cell_samples]
+        cap_note(f"decoding K={workers} ratio {ratio}", n)
+        entry = {"device": str(dev), "numel": size, "ratio": ratio, "k": k, "workers": workers,
+                 **_ms_stats("batched", batched), **_ms_stats("dense_per_rank", dense),
+                 **_ratio_stats("dense_over_batched", dense, batched), "repeats": n,
+                 "batched_samples_ms": [1e3 * t for t in batched],
+                 "dense_per_rank_samples_ms": [1e3 * t for t in dense]}
+        report["decode"].append(entry)
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -564,8 +690,8 @@ def format_report(report: dict[str, Any]) -> str:
                       rows)
     if report["capped"]:
         out += ["", "capped:", *(f"  {c}" for c in report["capped"])]
-    out += ["", f"medians of {report['config']['repeats']} calls after a warm-up (min: fastest "
-                "call); encode excludes error feedback; enc/floor: over one read pass sum(|x|); "
-                "speed-up: topk / enc",
+    out += ["", f"medians of {report['config']['repeats']} interleaved rounds after a warm-up "
+                "(min: fastest call); encode excludes error feedback; enc/floor: over one read "
+                "pass sum(|x|); speed-up: topk / enc, round by round",
             f"elapsed {report['elapsed_s']:.1f} s"]
     return "\n".join(out)

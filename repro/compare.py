@@ -306,13 +306,20 @@ logged steps; "projected" values come from the cost model, not from a measuremen
         f.write(page)
 
 
+def default_out(runs: Sequence[Run]) -> str:
+    """Where a comparison goes when no --out is given: compare-<time>/ inside the first
+    run's directory (next to what it compares, never the current directory)."""
+    return os.path.join(runs[0].path, f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def compare(paths: Sequence[str], out: str | None = None, x: str = "step", stream=None) -> str:
-    """Print the table, write the plots, table.csv and index.html; return the out folder."""
+    """Print the table, write the plots, table.csv and index.html into `out` (default:
+    `default_out`); return the out folder."""
     if x not in X_LABELS:
         raise ValueError(f"x={x!r} is not allowed; choose step or time")
     stream = sys.stdout if stream is None else stream
     runs = load_runs(paths)
-    out = out or f"compare-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = out or default_out(runs)
     os.makedirs(out, exist_ok=True)
     headers, rows = table_rows(runs)
     print(format_table(headers, rows), file=stream)

@@ -130,7 +130,10 @@ class ClusterConfig:
     # replicas: as simulated, but each worker keeps its own model replica and optimizer,
     # stepped with the aggregate that worker received (THC Sec. 8.3's packet loss).
     mode: str = "spawn"
-    workers: int = 2
+    workers: int = 2  # ranks in all (simulated: workers)
+    # Machines the ranks spread over (torchrun; SLURM jobs: one torchrun per node with
+    # workers/nodes ranks each, rendezvous from SLURM's environment, repro.cluster).
+    nodes: int = 1
     backend: str = "gloo"
     device: str = "cpu"
     threads_per_worker: int = 1
@@ -157,6 +160,7 @@ class LoggerConfig:
     log_every: int = 1
     nmse: bool = False  # exact-average NMSE: one extra dense allreduce on log steps
     progress: bool = True
+    verbose: bool = False  # W&B's own console output (banner, sparklines); silenced when false
 
 
 @dataclass
@@ -229,6 +233,14 @@ def validate(cfg: DictConfig) -> None:
     check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
     check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)
     check_at_least("cluster.replica_check_every", cfg.cluster.replica_check_every, 0)
+    check_at_least("cluster.nodes", cfg.cluster.nodes, 1)
+    if cfg.cluster.workers % cfg.cluster.nodes:
+        raise ValueError(f"cluster.workers={cfg.cluster.workers} ranks do not split evenly over "
+                         f"cluster.nodes={cfg.cluster.nodes} machines: make workers a multiple "
+                         "of nodes (workers counts every rank)")
+    if cfg.cluster.nodes > 1 and cfg.cluster.mode != "torchrun":
+        raise ValueError(f"cluster.nodes={cfg.cluster.nodes} needs cluster.mode=torchrun (one "
+                         f"torchrun per machine); got cluster.mode={cfg.cluster.mode}")
     check_at_least("cluster.sync_every", cfg.cluster.sync_every, 0)
     if cfg.cluster.sync_every and cfg.cluster.mode != "replicas":
         raise ValueError(f"cluster.sync_every={cfg.cluster.sync_every} averages the model replicas "

@@ -302,25 +302,36 @@ def status(p: Planned, dry_run: bool = False) -> str:
 def launch(p: Planned) -> None:
     """Run one planned run to completion (resuming from its last checkpoint, if any). A
     run directory holding a different config is refused, never overwritten."""
+    prepare(p)
+    run_prepared(p.run_dir, p.cfg)
+
+
+def prepare(p: Planned) -> None:
+    """Write the run's config.yaml into its directory (refusing a directory that holds a
+    different config): what a run, started here or in a submitted job, reads."""
     cfg_path = os.path.join(p.run_dir, "config.yaml")
     changes = config_changes(p.cfg, cfg_path)
     if changes:
         raise ValueError(_changed_message([Planned(p.overrides, p.cfg, p.run_dir, False, changes)]))
     os.makedirs(p.run_dir, exist_ok=True)
     config_mod.save(p.cfg, cfg_path)
-    mode = p.cfg.cluster.mode
+
+
+def run_prepared(run_dir: str, cfg) -> None:
+    """Run a prepared run directory in its cluster.mode, on this machine."""
+    mode = cfg.cluster.mode
     if mode == "simulated":
         from repro.train import run_simulated
 
-        run_simulated(p.run_dir)
+        run_simulated(run_dir)
     elif mode == "replicas":
         from repro.train import run_replicas
 
-        run_replicas(p.run_dir)
+        run_replicas(run_dir)
     elif mode == "spawn":
-        spawn(p.run_dir, p.cfg.cluster.workers)
+        spawn(run_dir, cfg.cluster.workers)
     else:
-        torchrun(p.run_dir, p.cfg)
+        torchrun(run_dir, cfg)
 
 
 def _spawn_entry(rank: int, run_dir: str, world: int, init_file: str) -> None:
@@ -374,7 +385,20 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
     dry run deletes nothing."""
     if on_change not in ON_CHANGE:
         raise ValueError(f"on_change={on_change!r}; choose one of: {', '.join(ON_CHANGE)}")
+    from repro import cluster
+
+    overrides, launcher = cluster.split_overrides(overrides)
+    settings = cluster.launcher_config(launcher)  # a submitit launcher's, or None
     planned = plan(overrides, multirun, on_change="restart" if restart else on_change)
+    if not dry_run:
+        # Pre-flight: every run that will run can write its directory (a read-only or
+        # foreign runs folder fails here, naming it, before any run of a sweep starts).
+        from repro.checkpoints import check_writable
+
+        for folder in dict.fromkeys(p.run_dir for p in planned if restart or not p.done):
+            check_writable(folder, "the run directory",
+                           "nothing was run; set runs_root to a folder this user can write")
+    submitted: list[str] = []
     for p in planned:
         if restart:
             p.done, p.changes = False, []
@@ -383,6 +407,26 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
         elif p.changes and not dry_run:
             discard(p)
         out(f"[{status(p, dry_run)}] {p.run_dir}")
-        if not p.done and not dry_run:
+        if p.done or dry_run:
+            continue
+        if settings is None:
             launch(p)
+            _print_summary(p.run_dir, out)
+        else:
+            prepare(p)
+            submitted.append(p.run_dir)
+    if submitted:
+        # One job per run; submitit's job folders beside the runs of the group.
+        folder = os.path.join(os.path.dirname(submitted[0]), ".submitit", "%j")
+        cluster.submit(submitted, settings, folder=folder, out=out)
+        for run_dir in submitted:
+            _print_summary(run_dir, out)
     return [p.run_dir for p in planned]
+
+
+def _print_summary(run_dir: str, out) -> None:
+    """The run's own summary, read back from its files (any launch mode)."""
+    from repro.logging import run_summary_lines
+
+    for line in run_summary_lines(run_dir):
+        out(line)

@@ -161,10 +161,16 @@ class MetricsWriter:
     taken once step N was logged) keeps the complete lines with step <= N and drops the
     rest, and wall_time continues from the last kept line (or from `wall_offset`, e.g. the
     checkpoint's own clock, if given), so time keeps increasing across relaunches.
+
+    A write that fails (disk full) raises repro.checkpoints.OutputError naming the file;
+    the part of the line that reached the file is cut off again, so the file still ends
+    with the last complete line.
     """
 
     def __init__(self, run_dir: str, resume_step: int | None = None, *,
                  wall_offset: float | None = None):
+        from repro.checkpoints import remove_stale_temps, write_error
+
         bad_type = isinstance(resume_step, bool) or not isinstance(resume_step, int)
         if resume_step is not None and (bad_type or resume_step < -1):
             raise ValueError(f"resume_step={resume_step!r} must be a step number >= -1 (the last "
@@ -172,19 +178,29 @@ class MetricsWriter:
         os.makedirs(run_dir, exist_ok=True)
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, METRICS_FILE)
+        self.file = None
         kept: list[dict[str, Any]] = []
         if resume_step is not None and os.path.exists(self.path):
             records, _ = parse_metrics(self.path)
             kept = [r for r in records if r["step"] <= resume_step]
+        remove_stale_temps(self.path)  # left by a writer killed while rewriting the file
         # Rewritten even when nothing changes: also truncates a fresh run's stale file.
-        atomic_write_text(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
+        try:
+            atomic_write_text(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
+        except OSError as exc:
+            raised = write_error(self.path, exc, "the file was left as it was")
+            if raised is None:
+                raise
+            raise raised from exc
         if wall_offset is None:
             times = [r["wall_time"] for r in kept if isinstance(r.get("wall_time"), (int, float))]
             wall_offset = max(times, default=0.0)
         self.wall_offset = float(wall_offset)
         self.last_step = max((r["step"] for r in kept), default=None)
         self.t0 = time.perf_counter()
-        self.file = open(self.path, "a", encoding="utf-8")
+        # Unbuffered: each line goes to the file in the call that logs it, and a failed
+        # write leaves nothing in a buffer for close() to try again.
+        self.file = open(self.path, "ab", buffering=0)
 
     def wall_time(self) -> float:
         return self.wall_offset + (time.perf_counter() - self.t0)
@@ -202,14 +218,43 @@ class MetricsWriter:
                 raise ValueError(f"metric name {key!r} is reserved (the writer sets it); rename it")
         record: dict[str, Any] = {"step": step, "wall_time": self.wall_time()}
         record.update({k: scalar(k, v) for k, v in metrics.items()})
-        # One write call per line, then flush + fsync: a kill loses at most this line.
-        self.file.write(json.dumps(record, allow_nan=False) + "\n")
-        self.file.flush()
-        os.fsync(self.file.fileno())
+        line = memoryview((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
+        fd = self.file.fileno()
+        end = os.fstat(fd).st_size
+        # The whole line, then fsync: a kill loses at most this line (a torn last line,
+        # which readers drop).
+        try:
+            while line:
+                line = line[self.file.write(line):]
+            os.fsync(fd)
+        except OSError as exc:
+            from repro.checkpoints import write_error
+
+            try:
+                os.ftruncate(fd, end)  # cut the part that reached the file
+            except OSError:
+                pass
+            raised = write_error(self.path, exc, f"the line of step {step} was not written "
+                                 f"(the file ends with step {self.last_step})")
+            if raised is None:
+                raise
+            raise raised from exc
         self.last_step = step
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
-        write_summary(self.run_dir, summary)
+        """RUN_DIR/summary.json, atomically; a failure of the file system raises
+        repro.checkpoints.OutputError naming the file."""
+        from repro.checkpoints import remove_stale_temps, write_error
+
+        path = os.path.join(self.run_dir, SUMMARY_FILE)
+        remove_stale_temps(path)
+        try:
+            write_summary(self.run_dir, summary)
+        except OSError as exc:
+            raised = write_error(path, exc)
+            if raised is None:
+                raise
+            raise raised from exc
 
     def close(self) -> None:
         if self.file is not None:
@@ -250,11 +295,21 @@ class WandbLogger:
     The mode is WANDB_MODE's (set to "offline" here when unset; never passed as mode=, so
     the environment always wins). Files go under RUN_DIR/wandb/. The W&B run id is kept in
     RUN_DIR/wandb/run_id so a relaunch after a crash resumes the same W&B run.
+
+    W&B's own console output (its banner, sync hints, the run summary and sparklines at
+    the end) is silenced, and one line of ours says where the W&B run went, unless
+    `verbose` is set, or the config holds logger.verbose = true (`repro train
+    logger.verbose=true`).
     """
 
     def __init__(self, config: Mapping[str, Any], project: str, group: str | None, name: str,
-                 run_dir: str, enabled: bool = True):
+                 run_dir: str, enabled: bool = True, verbose: bool | None = None):
         self.run = None
+        if verbose is None:
+            logger_cfg = config.get("logger") if isinstance(config, Mapping) else None
+            verbose = bool(logger_cfg.get("verbose", False)) if isinstance(logger_cfg, Mapping) \
+                else False
+        self.verbose = verbose
         if not enabled or not is_main():
             return
         os.environ.setdefault("WANDB_MODE", "offline")
@@ -272,16 +327,25 @@ class WandbLogger:
         wandb_dir = os.path.join(run_dir, "wandb")
         os.makedirs(wandb_dir, exist_ok=True)
         run_id = self.run_id(wandb_dir)
+        extra: dict[str, Any] = {}
+        settings = getattr(wandb, "Settings", None)
+        if not verbose and settings is not None:
+            extra["settings"] = settings(silent=True)
         try:
             self.run = wandb.init(
                 project=project, group=group, name=name, dir=run_dir, id=run_id, resume="allow",
-                config=dict(config),
+                config=dict(config), **extra,
             )
         except Exception as exc:  # noqa: BLE001 -- logging must not kill a training run
             notice(f"W&B logging is off: wandb.init failed in WANDB_MODE={mode} ({exc}); run "
                    f"`wandb login` or set WANDB_MODE=offline. Metrics still go to "
                    f"{os.path.join(run_dir, METRICS_FILE)}")
             self.run = None
+            return
+        if not verbose:
+            upload = (f"; `wandb sync {os.path.join(wandb_dir, 'offline-run-*')}` uploads it"
+                      if mode == "offline" else "")
+            notice(f"W&B run {run_id} ({mode}) in {wandb_dir}{upload}")
 
     @staticmethod
     def run_id(wandb_dir: str) -> str:
@@ -309,6 +373,61 @@ class WandbLogger:
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+# -- the end of a run ----------------------------------------------------------------------
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def run_summary_lines(run_dir: str) -> list[str]:
+    """What `repro train` prints when a run ends, read from its files: steps and wall
+    time; final loss and quality metric (best, time to target); throughput (measured and,
+    where logged, projected); k̂/k and density where the compressor has them; the run
+    directory. Empty when the run has no summary.json (it did not finish)."""
+    summary = read_summary(run_dir)
+    if summary is None:
+        return []
+    path = os.path.join(run_dir, METRICS_FILE)
+    records = parse_metrics(path)[0] if os.path.exists(path) else []
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) for r in records if _num(r.get(key))]
+
+    def num(v: Any, spec: str = ".4g") -> str:
+        return format(float(v), spec) if _num(v) else "n/a"
+
+    loss = series("loss")
+    metric = summary.get("metric")
+    parts = [f"{summary.get('steps', '?')} steps in {num(summary.get('wall_time_s'), '.1f')} s",
+             f"loss {num(loss[-1] if loss else None)}"]
+    if metric:
+        final = summary.get(f"eval/{metric}")
+        if not _num(final):
+            evals = series(f"eval/{metric}")
+            final = evals[-1] if evals else None
+        text = f"{metric} {num(final)}"
+        if _num(summary.get("time_to_target_s")):
+            text += f" (target {num(summary.get('target'))} reached after " \
+                    f"{num(summary['time_to_target_s'], '.1f')} s)"
+        parts.append(text)
+    lines = ["done: " + ", ".join(parts)]
+    speed = [f"{num(_mean(series('samples_per_s')), '.1f')} samples/s measured"]
+    projected = _mean(series("projected/samples_per_s"))
+    if projected is not None:
+        speed.append(f"{num(projected, '.1f')} projected onto the target cluster")
+    k_ratio, density = _mean(series("estimation_quality")), _mean(series("density"))
+    if k_ratio is not None:
+        speed.append(f"k̂/k {num(k_ratio, '.3g')}")
+    if density is not None:
+        speed.append(f"density {num(density, '.3g')}")
+    lines.append("      " + ", ".join(speed))
+    lines.append(f"      run dir {run_dir}")
+    return lines
 
 
 # -- progress and names ------------------------------------------------------------------

@@ -53,6 +53,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: 
                 raise TimeoutError(f"{world_size} gloo ranks did not finish within {timeout} s")
         results = []
         for r in range(world_size):
+            # weights_only=False: the file is the result this call's own child wrote into
+            # the private temporary folder it created above (mode 0700, removed on exit),
+            # and fn may return any picklable value, which weights_only=True refuses.
             blob = torch.load(os.path.join(tmp, f"{r}.pt"), weights_only=False)
             if not blob["ok"]:
                 raise RuntimeError(f"rank {r} failed:\n{blob['error']}")

@@ -376,12 +376,29 @@ class Trainer:
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         }
         if self.is_main:
-            writer.write_summary(summary)
-            writer.close()
-            if wandb is not None:
-                wandb.finish()
-            with open(os.path.join(self.run_dir, "DONE"), "w") as f:
-                f.write(f"{self.step}\n")
+            # summary.json, then DONE (both written whole or not at all): DONE means the
+            # summary is complete. If either write fails (disk full) neither is left, so
+            # the run never looks finished, and the same command finishes it.
+            from repro import checkpoints
+
+            try:
+                writer.write_summary(summary)
+                checkpoints.write_text(os.path.join(self.run_dir, "DONE"), f"{self.step}\n")
+            except OSError as exc:
+                summary_path = os.path.join(self.run_dir, "summary.json")
+                if os.path.exists(summary_path):
+                    os.remove(summary_path)
+                raised = checkpoints.write_error(
+                    getattr(exc, "path", None) or exc.filename or self.run_dir, exc,
+                    "the run is not marked finished (no summary.json, no DONE)")
+                if raised is None:
+                    raise
+                raise raised from exc
+            finally:
+                writer.close()
+                if wandb is not None:
+                    wandb.finish()
+            checkpoints.remove_stale_temps_under(self.run_dir)  # left by killed attempts
         return summary
 
     def after_update(self) -> None:
@@ -509,18 +526,53 @@ class DDPTrainer(Trainer):
         return True
 
     def save_checkpoint(self) -> None:
+        """Rank 0 unseals the step's folder; every rank writes its own part, rank 0 the
+        trainer's; rank 0 seals it once every part is complete. Each stage ends with every
+        rank learning which ranks failed, so a rank whose write failed (disk full) stops
+        all of them at once with its message, instead of leaving the others waiting at a
+        barrier until cluster.timeout_s; rank 0 removes the unfinished folder."""
+        from repro import checkpoints
+
         name = f"step_{self.step:08d}"
         path = os.path.join(self.ckpt_dir, name)
-        os.makedirs(path, exist_ok=True)
-        # Every rank's own part: its error feedback / compressor state and its RNG.
-        mine = {"compression": self.compressions[0].state_dict(), "rng": get_rng()}
-        self.atomic_save(mine, os.path.join(path, f"rank{self.rank}.pt"))
+        error: BaseException | None = None
+
+        def stage(work) -> list[tuple[int, str, bool]]:
+            nonlocal error
+            if error is None:
+                try:
+                    work()
+                except Exception as exc:  # noqa: BLE001 - every rank must hear of it
+                    error = exc
+            mine = None if error is None else (str(error), isinstance(error, OSError))
+            every: list[Any] = [None] * self.world_size
+            dist.all_gather_object(every, mine)
+            return [(r, *e) for r, e in enumerate(every) if e is not None]
+
+        def write_parts() -> None:
+            # Every rank's own part: its error feedback / compressor state and its RNG.
+            mine = {"compression": self.compressions[0].state_dict(), "rng": get_rng()}
+            self.atomic_save(mine, os.path.join(path, f"rank{self.rank}.pt"))
+            if self.is_main:
+                self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
+
+        failed = stage(lambda: checkpoints.begin(path) if self.is_main else None)
+        if not failed:
+            failed = stage(write_parts)
+        if not failed:  # sealed only once every rank's file is complete
+            failed = stage(lambda: self.publish_checkpoint(path) if self.is_main else None)
+        if not failed:
+            return
+        if error is not None:
+            raised = checkpoints.failure(path, error, remove=self.is_main)
+            if raised is error:
+                raise error
+            raise raised from error
         if self.is_main:
-            self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
-        dist.barrier()
-        if self.is_main:  # sealed only once every rank's file is complete
-            self.publish_checkpoint(path)
-        dist.barrier()
+            checkpoints.discard(path)
+        text = "; ".join(f"rank {r}: {message}" for r, message, _ in failed)
+        kind = checkpoints.OutputError if all(fs for _, _, fs in failed) else RuntimeError
+        raise kind(f"rank {self.rank} stops: checkpoint {name} could not be written ({text})")
 
 
 class SimulatedTrainer(Trainer):
@@ -617,14 +669,24 @@ class SimulatedTrainer(Trainer):
         return True
 
     def save_checkpoint(self) -> None:
+        """Unseal the step's folder, write its files, seal it. A failed write (disk full)
+        removes the unfinished folder and raises an OutputError naming the file."""
+        from repro import checkpoints
+
         name = f"step_{self.step:08d}"
         path = os.path.join(self.ckpt_dir, name)
-        os.makedirs(path, exist_ok=True)
         workers = [{"compression": c.state_dict(), "rng": rng}
                    for c, rng in zip(self.compressions, self.worker_rng)]
-        self.atomic_save(workers, os.path.join(path, "workers.pt"))
-        self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
-        self.publish_checkpoint(path)
+        try:
+            checkpoints.begin(path)
+            self.atomic_save(workers, os.path.join(path, "workers.pt"))
+            self.atomic_save(self.checkpoint_state(), os.path.join(path, "trainer.pt"))
+            self.publish_checkpoint(path)
+        except Exception as exc:
+            raised = checkpoints.failure(path, exc)
+            if raised is exc:
+                raise
+            raise raised from exc
 
 
 class ReplicaTrainer(SimulatedTrainer):

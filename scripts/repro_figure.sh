@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Reproduce a paper figure: run what it needs (runs already finished are skipped), draw it
-# into results/<figure>/ (PNG + CSV) and write the paper-vs-reproduced comparison.
+# Reproduce paper figures: run what each needs (runs already finished are skipped), draw it
+# into outputs/<figure>/ (PNG + CSV, ignored by git) and compare it with the paper and with
+# the published results/<figure>/. Nothing tracked is written unless --publish is given.
 #
-#   scripts/repro_figure.sh                      # the default set (~5.5 min on a 2-core CPU)
+#   scripts/repro_figure.sh                      # the default set: RUN_TIME_DEFAULT_SET
+#   scripts/repro_figure.sh --size smoke         # the default set's smoke variants (CI)
 #   scripts/repro_figure.sh sidco-fig16          # one figure, full variant
 #   scripts/repro_figure.sh deft-fig1 --size smoke
 #   scripts/repro_figure.sh deft-fig3 steps=400  # extra Hydra overrides for its training runs
 #   scripts/repro_figure.sh --list               # every figure, status, estimated run time
+#   scripts/repro_figure.sh sidco-fig16 --publish  # maintainers: also write results/sidco-fig16/
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${OMP_NUM_THREADS:-}" ]; then export OMP_NUM_THREADS=2; fi
-if [ $# -eq 0 ]; then exec repro figure --default; fi
 args=()
+named=0
+takes_value=0
 for a in "$@"; do
-    if [[ "$a" == -* || "$a" != *=* ]]; then args+=("$a"); else args+=(--override "$a"); fi
+    if [ "$takes_value" = 1 ]; then args+=("$a"); takes_value=0; continue; fi
+    case "$a" in
+        --size|--out|--results|--override|-o) args+=("$a"); takes_value=1 ;;
+        --list|--readme|--rules|--default) args+=("$a"); named=1 ;;
+        -*) args+=("$a") ;;
+        *=*) args+=(--override "$a") ;;
+        *) args+=("$a"); named=1 ;;
+    esac
 done
+# No figure named: the default set.
+if [ "$named" = 0 ]; then args+=(--default); fi
 exec repro figure "${args[@]}"

@@ -638,6 +638,9 @@ def disk_cache(name: str, make):
         path = cache_dir() / "derived" / f"{name}.pt"
         if path.exists():
             try:
+                # weights_only=False: the file is this function's own output in the suite's
+                # cache folder (never a file from elsewhere) and holds numpy arrays and
+                # dicts of them, which the weights-only unpickler refuses.
                 return torch.load(path, weights_only=False)
             except Exception:  # a torn or stale file: rebuild it
                 pass

@@ -152,12 +152,21 @@ def test_x_time_plots_diagnostics_against_wall_time(runs, tmp_path, capsys):
     assert not os.path.exists(os.path.join(out, "throughput_vs_step.png"))
 
 
-def test_default_out_folder_is_timestamped(runs, tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert main(["compare", runs[0]]) == 0
-    capsys.readouterr()
-    (folder,) = [d for d in os.listdir(tmp_path) if d.startswith("compare-")]
-    assert os.path.exists(os.path.join(tmp_path, folder, "index.html"))
+def test_default_out_folder_is_inside_the_first_run_not_the_working_directory(
+        runs, tmp_path, monkeypatch, capsys):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    assert main(["compare", runs[1], runs[0]]) == 0
+    printed = capsys.readouterr().out
+    assert os.listdir(cwd) == []  # nothing written where the command ran
+    (folder,) = [d for d in os.listdir(runs[1]) if d.startswith("compare-")]
+    out = os.path.join(runs[1], folder)
+    assert os.path.exists(os.path.join(out, "index.html")) and out in printed
+    assert not any(d.startswith("compare-") for d in os.listdir(runs[0]))
+    # The run directory still reads as a run (the comparison folder is no run of its own).
+    (again,) = load_runs([runs[1]])
+    assert again.compressor == "none" and len(again.metrics) == STEPS + 1
 
 
 def test_bad_paths_exit_2_naming_path_and_missing_file(runs, tmp_path, capsys):

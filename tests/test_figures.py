@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -52,9 +53,14 @@ def test_reference_values_exist_and_are_well_formed(fid):
 @pytest.mark.parametrize("fid", IDS)
 def test_smoke_variant_runs_end_to_end(fid, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
-    rows = base.run_figure(fid, size="smoke", out_root=tmp_path, say=lambda m: None)
+    rows = base.run_figure(fid, size="smoke", out_root=tmp_path, say=lambda m: None,
+                           results_root=tmp_path / "no-results", calibrate=False)
     out = tmp_path / fid
     assert rows and all(r.verdict in base.VERDICTS and r.reason for r in rows)
+    for r in rows:  # every verdict comes from the rule table, and says which rule
+        assert r.rule in base.RULE_NAMES and r.reason.startswith(f"[rule: {r.rule}]")
+        if r.interval is not None:
+            assert r.low <= r.high
     assert list(out.glob("*.png")), "no plot written"
     data = [p for p in out.glob("*.csv") if p.name != "comparison.csv"]
     assert data, "no data CSV written"
@@ -62,6 +68,12 @@ def test_smoke_variant_runs_end_to_end(fid, tmp_path, monkeypatch):
         assert len(list(csv.DictReader(f))) == len(rows)
     status = json.loads((out / "status.json").read_text())
     assert status["size"] == "smoke" and status["id"] == fid
+    assert status["run"]["elapsed_s"] >= 0 and status["run"]["machine"]["kind"]
+    assert sum(status["verdicts"].values()) == len(rows)
+    # Run folders stay small: what the figure needs, no cached gradients.
+    runs = out / "runs"
+    size = sum(p.stat().st_size for p in runs.rglob("*") if p.is_file()) if runs.exists() else 0
+    assert size < 20 * 2**20, f"{fid}: {size / 2**20:.1f} MB under runs/"
 
 
 def test_unknown_figure_names_the_known_ones():
@@ -77,7 +89,7 @@ def test_bad_size_is_refused_before_work(tmp_path):
 def test_row_ratio_and_verdict_validation():
     r = base.Row("s", "m", 2.0, 3.0, "holds", "because")
     assert r.ratio == pytest.approx(1.5)
-    assert base.Row("s", "m", None, 3.0, "not comparable", "no paper value").ratio is None
+    assert base.Row("s", "m", None, 3.0, "not comparable", "x", rule="stand-in").ratio is None
     with pytest.raises(ValueError, match="verdict"):
         base.Row("s", "m", 1.0, 1.0, "maybe", "x")
     assert base.verdict(True) == "holds" and base.verdict(False) == "does not hold"
@@ -139,3 +151,163 @@ def test_the_import_walk_sees_every_spelling(tmp_path):
         "    from . import common\n")
     assert _figure_package_imports(source) == {"deft", "thc", "sidco", "base", "dragonn",
                                                "common"}
+
+
+# -- where a run writes, publishing, progress ----------------------------------------------------
+
+DETERMINISTIC = "dragonn-lemmaA10"  # seeded: the same data, plot and rows every run
+
+
+def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(root)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _published_copy(tmp_path: Path, *ids: str) -> Path:
+    """A copy of the published results (reference values, README, the given figures)."""
+    src = base.default_results_root()
+    dst = tmp_path / "results"
+    shutil.copytree(src / "reference", dst / "reference")
+    shutil.copy(src / "README.md", dst / "README.md")
+    for fid in ids:
+        if (src / fid).exists():
+            shutil.copytree(src / fid, dst / fid, ignore=shutil.ignore_patterns("runs"))
+    return dst
+
+
+def test_a_run_writes_no_tracked_file_without_publish(tmp_path, monkeypatch, capsys):
+    """`repro figure` (here the smoke variant, as CI runs it) writes its outputs only,
+    leaving the published results untouched byte for byte."""
+    from repro.cli import main
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    results = _published_copy(tmp_path, DETERMINISTIC, "thc-fig10")
+    monkeypatch.setenv("GRADCOMP_RESULTS", str(results))
+    outputs = tmp_path / "outputs"
+    monkeypatch.setenv("GRADCOMP_OUTPUTS", str(outputs))
+    before = _snapshot(results)
+    assert main(["figure", DETERMINISTIC, "thc-fig10", "--size", "smoke"]) == 0
+    capsys.readouterr()
+    assert _snapshot(results) == before
+    for fid in (DETERMINISTIC, "thc-fig10"):  # the default smoke outputs: outputs/smoke/<id>
+        assert (outputs / "smoke" / fid / "comparison.md").exists()
+        assert (outputs / "smoke" / fid / "status.json").exists()
+
+
+def test_publish_writes_only_what_changed_and_shows_published_beside_the_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    results = tmp_path / "results"
+    shutil.copytree(base.default_results_root() / "reference", results / "reference")
+    out = tmp_path / "out"
+    lines: list[str] = []
+    base.run_figure(DETERMINISTIC, size="smoke", out_root=out, say=lines.append,
+                    results_root=results, publish_to=results, calibrate=False)
+    published = results / DETERMINISTIC
+    names = sorted(p.name for p in published.iterdir())
+    assert {"comparison.csv", "comparison.md", "status.json", "figure.png"} <= set(names)
+    assert "runs" not in names  # run folders are never published
+    first = _snapshot(published)
+    assert "| published |" not in (published / "comparison.md").read_text()
+
+    # The same figure again: bit-identical data, so no published file is rewritten (the
+    # new elapsed time and timestamp stay in the run's own status.json).
+    lines.clear()
+    base.run_figure(DETERMINISTIC, size="smoke", out_root=out, say=lines.append,
+                    results_root=results, publish_to=results, calibrate=False)
+    assert _snapshot(published) == first
+    assert any("nothing changed" in line for line in lines)
+    # ... and this run's comparison puts the published value and verdict beside its own.
+    table = (out / DETERMINISTIC / "comparison.md").read_text()
+    assert "| published |" in table
+    with open(out / DETERMINISTIC / "comparison.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert rows and all(r["published_verdict"] == r["verdict"] for r in rows)
+    assert any("rows with the same verdict" in line for line in lines)
+
+    # A changed product is published, with a new status.json.
+    (out / DETERMINISTIC / "empty_ratio.csv").write_text("changed\n")
+    written = base.publish(DETERMINISTIC, out / DETERMINISTIC, results)
+    assert {p.name for p in written} == {"empty_ratio.csv", "status.json"}
+
+
+def test_publish_refuses_a_smoke_run_on_the_command_line(capsys):
+    from repro.cli import main
+
+    assert main(["figure", DETERMINISTIC, "--size", "smoke", "--publish"]) != 0
+    assert "--publish" in capsys.readouterr().err
+
+
+def _fake_figure(fid: str, seconds: float) -> base.Figure:
+    def produce(ctx):
+        return [base.judge("s", "m", 1.0, 1.0, claim="c", holds=True)]
+
+    return base.Figure(fid, "thc", "a test figure", "analysis", "none", "claim",
+                       {"smoke": seconds, "full": seconds}, produce)
+
+
+def test_progress_lines_count_figures_with_estimates_and_elapsed_time(tmp_path, monkeypatch):
+    monkeypatch.setitem(base._FIGURES, "zz-test-a", _fake_figure("zz-test-a", 30))
+    monkeypatch.setitem(base._FIGURES, "zz-test-b", _fake_figure("zz-test-b", 12))
+    ticks = iter([100.0, 100.0, 140.0, 150.0])
+    lines: list[str] = []
+    failed = base.run_figures(["zz-test-a", "zz-test-b"], size="smoke", out_root=tmp_path,
+                              say=lines.append, results_root=tmp_path / "none",
+                              clock=lambda: next(ticks))
+    assert failed == []
+    progress = [line for line in lines if line.startswith("figure ")]
+    assert progress == ["figure 1/2: zz-test-a (estimated 30 s, 0 s elapsed, about 42 s to go)",
+                        "figure 2/2: zz-test-b (estimated 12 s, 40 s elapsed, about 12 s to go)"]
+    assert lines[-1] == "2 of 2 figure(s) done in 50 s"
+    assert base.progress_line(3, 13, "sidco-fig16", 70.4, 212.2) == \
+        "figure 3/13: sidco-fig16 (estimated 70 s, 212 s elapsed)"
+
+
+def test_estimates_come_from_recorded_run_times_of_this_machine_kind(tmp_path, monkeypatch):
+    monkeypatch.setitem(base._FIGURES, "zz-test-a", _fake_figure("zz-test-a", 30))
+    assert base.estimate_seconds("zz-test-a", "full", tmp_path, tmp_path / "r") == \
+        (30.0, "built-in estimate")
+    results = tmp_path / "r"
+    (results / "zz-test-a").mkdir(parents=True)
+    status = {"id": "zz-test-a", "size": "full",
+              "run": {"elapsed_s": 55.0, "machine": {"kind": "another CPU"}}}
+    (results / "zz-test-a" / "status.json").write_text(json.dumps(status))
+    assert base.estimate_seconds("zz-test-a", "full", tmp_path, results, kind="this CPU") == \
+        (55.0, "published run, another machine")
+    status["run"] = {"elapsed_s": 41.0, "machine": {"kind": "this CPU"}}
+    (tmp_path / "zz-test-a").mkdir()
+    (tmp_path / "zz-test-a" / "status.json").write_text(json.dumps(status))
+    assert base.estimate_seconds("zz-test-a", "full", tmp_path, results, kind="this CPU") == \
+        (41.0, "this machine's last run, same machine kind")
+
+
+def test_busy_machine_is_noticed():
+    assert base.busy_reasons([3.5, 2.0, 1.0], None, cpus=2) == ["load average 3.50 on 2 CPUs"]
+    assert base.busy_reasons([0.2, 0.2, 0.2], {"spread": 1.1}, cpus=2) == []
+    noisy = {"spread": 3.0, "floor_p10_ms": 1.0, "floor_p90_ms": 3.0}
+    assert "one-pass floor" in base.busy_reasons([0.2, 0.2, 0.2], noisy, cpus=2)[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    ([], ["--default"]),
+    (["--size", "smoke"], ["--size", "smoke", "--default"]),
+    (["sidco-fig16"], ["sidco-fig16"]),
+    (["deft-fig3", "steps=400"], ["deft-fig3", "--override", "steps=400"]),
+    (["--out", "/tmp/x", "--size", "smoke"], ["--out", "/tmp/x", "--size", "smoke", "--default"]),
+    (["--list"], ["--list"]),
+])
+def test_the_script_runs_the_default_set_when_no_figure_is_named(tmp_path, argv, expected):
+    """scripts/repro_figure.sh: no figure id means the default set, also with options
+    (CI runs `scripts/repro_figure.sh --size smoke`); KEY=VALUE become overrides."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "bin" / "repro"
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    script = base.repo_root() / "scripts" / "repro_figure.sh"
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:-1] == ["figure", *expected]

@@ -62,3 +62,50 @@ def test_claim_rows_compute_their_verdicts():
     assert missing.verdict == "not comparable" and missing.reproduced is None
     assert claim_row("s", "m", 1.0, None, True, "c", "x", missing_ok=True).verdict == "holds"
     assert "does NOT hold" in claim_row("s", "m", 1.0, 0.5, False, "c", "x").reason
+
+
+def test_projected_steps_and_the_interval_of_a_ratio_of_two_runs(tmp_path):
+    from repro.figures.common import pooled_steps, projected_steps, timing_ratio
+    from repro.figures.sidco import _speedup
+
+    for d in ("a", "b", "c"):
+        (tmp_path / d).mkdir()
+    fast = load_run(_fake_run(tmp_path / "a", step_s=2.0))
+    slow = load_run(_fake_run(tmp_path / "b", step_s=4.0))
+    # One projection per timed step after the warm-up step, each as projection() makes it.
+    assert projected_steps(fast) == pytest.approx([0.55, 0.55])
+    assert projected_steps(slow) == pytest.approx([1.05, 1.05])
+    span = timing_ratio(2.0, slow, fast)
+    assert span.median == pytest.approx(2.0) and span.interval == pytest.approx((2.0, 2.0))
+    runs = {("sidco_e", 0.01): fast, ("none", None): slow}
+    sp = _speedup(runs, 0.01, "sidco_e", "none")  # same quality, faster steps
+    assert sp.median == pytest.approx(1.05 / 0.55) and sp.lo == pytest.approx(sp.median)
+    # A timing repeat of the slow run that was twice as fast: pooled into the ratio, whose
+    # interval now reaches from the one pass to the other.
+    slow.timing_repeats = [load_run(_fake_run(tmp_path / "c", step_s=2.0))]
+    assert pooled_steps(slow) == pytest.approx([1.05, 1.05, 0.55, 0.55])
+    sp = _speedup(runs, 0.01, "sidco_e", "none")
+    assert sp.median == pytest.approx(0.8 / 0.55)
+    assert sp.interval == pytest.approx((1.0, 1.05 / 0.55))
+
+
+def test_train_grid_repeats_runs_in_alternating_order(tmp_path):
+    from types import SimpleNamespace
+
+    from repro.figures.common import train_grid
+
+    calls = []
+
+    def train(overrides, repeat=0, note=None):
+        calls.append((overrides[0], repeat))
+        folder = tmp_path / f"{overrides[0]}-{repeat}"
+        folder.mkdir()
+        return [_fake_run(folder)]
+
+    ctx = SimpleNamespace(train=train)
+    runs = train_grid(ctx, [["A"], ["B"], ["C"]], repeats=3)
+    assert calls == [("A", 0), ("B", 0), ("C", 0), ("C", 1), ("B", 1), ("A", 1),
+                     ("A", 2), ("B", 2), ("C", 2)]
+    assert [len(r.timing_repeats) for r in runs] == [2, 2, 2]
+    assert runs[0].timing_repeats[0].path.startswith(str(tmp_path / "A-1"))
+    assert not hasattr(train_grid(ctx, [["D"]])[0], "timing_repeats")

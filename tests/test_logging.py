@@ -299,6 +299,90 @@ def test_wandb_off_rank_zero_and_when_not_enabled(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
+def _fake_wandb(calls: list):
+    class FakeRun:
+        id = "fake"
+
+        def log(self, data, step):
+            pass
+
+        def finish(self):
+            calls.append(("finish",))
+
+    class Settings:
+        def __init__(self, **kwargs):
+            self.kwargs = kwargs
+
+    def init(**kwargs):
+        calls.append(("init", kwargs))
+        return FakeRun()
+
+    return types.SimpleNamespace(init=init, Settings=Settings)
+
+
+def test_wandb_console_output_is_silenced_unless_verbose(tmp_path, monkeypatch, capsys):
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(calls))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    WandbLogger({"logger": {"verbose": False}}, "p", "g", "n", str(tmp_path)).finish()
+    (_, kwargs), _ = calls
+    assert kwargs["settings"].kwargs == {"silent": True} and "mode" not in kwargs
+    err = capsys.readouterr().err
+    # One line of ours instead of W&B's banner: where the run went and how to upload it.
+    assert err.count("\n") == 1 and "wandb sync" in err and str(tmp_path) in err
+    calls.clear()
+    WandbLogger({"logger": {"verbose": True}}, "p", "g", "n", str(tmp_path)).finish()
+    (_, kwargs), _ = calls
+    assert "settings" not in kwargs  # W&B prints as it likes
+    assert capsys.readouterr().err == ""
+    calls.clear()
+    WandbLogger({}, "p", "g", "n", str(tmp_path), verbose=True).finish()
+    assert "settings" not in calls[0][1]
+
+
+def test_logger_config_has_the_verbose_key():
+    from repro.config import LoggerConfig
+
+    assert LoggerConfig().verbose is False
+
+
+def test_run_summary_lines_read_the_run(tmp_path):
+    run = str(tmp_path / "run")
+    assert rlog.run_summary_lines(str(tmp_path)) == []  # no summary: not finished
+    w = MetricsWriter(run)
+    for step in range(3):
+        w.log(step, loss=2.0 - step, samples_per_s=100.0 + 10 * step,
+              **{"projected/samples_per_s": 1000.0, "estimation_quality": 0.9, "density": 0.01})
+    w.log(2, **{"eval/accuracy": 0.75})
+    w.write_summary({"steps": 3, "wall_time_s": 12.34, "metric": "accuracy", "target": 0.7,
+                     "eval/accuracy": 0.75, "time_to_target_s": 11.0})
+    w.close()
+    first, second, third = rlog.run_summary_lines(run)
+    assert first == ("done: 3 steps in 12.3 s, loss 0, accuracy 0.75 (target 0.7 reached "
+                     "after 11.0 s)")
+    assert second.split() == ["110.0", "samples/s", "measured,", "1000.0", "projected", "onto",
+                              "the", "target", "cluster,", "k̂/k", "0.9,", "density", "0.01"]
+    assert third.strip() == f"run dir {run}"
+
+
+def test_repro_train_prints_a_bar_and_its_own_summary_not_wandbs(tmp_path):
+    import subprocess
+
+    env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1")
+    env.pop("WANDB_SILENT", None)
+    cmd = [sys.executable, "-m", "repro.cli", "train", "compressor=topk", "compressor.ratio=0.01",
+           "task=cifar10_mixer", "steps=3", "eval_every=0", "eval_batches=1", "cluster=simulated",
+           "cluster.workers=2", f"runs_root={tmp_path}", "group=g"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out, err = done.stdout, done.stderr
+    assert "wandb:" not in out + err  # no banner, no sparklines
+    assert "W&B run" in err and "3/3" in err  # our one W&B line, and the progress bar
+    (run_dir,) = glob.glob(os.path.join(tmp_path, "g", "*"))
+    assert "done: 3 steps in" in out and "samples/s measured" in out and "k̂/k" in out
+    assert f"run dir {run_dir}" in out
+
+
 # -- progress and names ------------------------------------------------------------------
 def test_progress_bar(capsys):
     assert list(rlog.progress(range(4), desc="off", enabled=False)) == [0, 1, 2, 3]

@@ -1,8 +1,11 @@
-"""`repro figure ID [ID ...] [--size smoke|full] [OVERRIDES]`: reproduce paper figures.
+"""`repro figure ID [ID ...] [--size smoke|full] [--publish] [OVERRIDES]`: reproduce paper figures.
 
+A run writes into outputs/<figure>/ (ignored by git; --out elsewhere) and compares its
+rows with the published reference results/<figure>/ (the published value and verdict
+beside this run's); only --publish writes results/<figure>/ and results/README.md.
 `repro figure --list` shows every figure with its status and estimated run time on this
-machine; `repro figure --readme` regenerates results/README.md from the figures' status
-files; `repro figure --default` runs the default set (about 6 minutes on an idle 2-core CPU).
+machine (recorded run times); `repro figure --rules` prints the verdict rules;
+`repro figure --default` runs the default set.
 """
 
 from __future__ import annotations
@@ -14,12 +17,21 @@ def add_parser(sub) -> None:
     p.add_argument("figures", nargs="*", metavar="ID", help="figure ids, e.g. sidco-fig16 (wildcards allowed)")
     p.add_argument("--size", choices=("smoke", "full"), default="full",
                    help="full: the figure as reproduced here (default); smoke: a tiny CI variant")
-    p.add_argument("--out", default=None, help="results root (default: results/ of the clone, or $GRADCOMP_RESULTS)")
+    p.add_argument("--out", default=None,
+                   help="outputs root: each figure writes <out>/<figure>/ (default: outputs/ of "
+                        "the clone, outputs/smoke/ for --size smoke, or $GRADCOMP_OUTPUTS)")
+    p.add_argument("--results", default=None,
+                   help="published results root, read for the comparison and written by "
+                        "--publish (default: results/ of the clone, or $GRADCOMP_RESULTS)")
+    p.add_argument("--publish", action="store_true",
+                   help="also publish each finished figure into the results root and regenerate "
+                        "its README.md (maintainers; files are written only where they change)")
     p.add_argument("--override", "-o", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Hydra override for the figure's training runs (repeatable)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--list", action="store_true", help="list figures with status and estimated run time")
-    g.add_argument("--readme", action="store_true", help="regenerate results/README.md")
+    g.add_argument("--readme", action="store_true", help="regenerate the results root's README.md")
+    g.add_argument("--rules", action="store_true", help="print the verdict rule table")
     g.add_argument("--default", action="store_true", help="run the default set")
     p.set_defaults(func=run)
 
@@ -31,20 +43,35 @@ def run(args) -> int:
     from repro.figures import base
 
     figures.load_all()
-    root = Path(args.out) if args.out else None
+    out_root = Path(args.out) if args.out else None
+    results_root = Path(args.results) if args.results else base.default_results_root()
+    if args.rules:
+        print(base.rules_markdown())
+        return 0
     if args.list:
-        print(f"{'figure':<18} {'paper':<8} {'kind':<10} {'est. full':>10} {'est. smoke':>11}  status")
+        kind = base.machine()["kind"]
+        print(f"estimates: recorded run times of this machine kind ({kind}) where there are any")
+        print(f"{'figure':<18} {'paper':<8} {'kind':<10} {'est. full':>10} {'est. smoke':>11}  published")
+        total = 0.0
         for fid in figures.registered():
             f = figures.get(fid)
-            est = f.est_seconds
+            full, where = base.estimate_seconds(fid, "full", out_root, results_root, kind)
+            smoke, _ = base.estimate_seconds(fid, "smoke", out_root, results_root, kind)
             default = "*" if fid in figures.DEFAULT_SET else " "
-            print(f"{fid:<18} {f.paper:<8} {f.kind:<10} {est['full'] / 60:>8.1f} m {est['smoke']:>9.0f} s "
-                  f"{default}{base.status_line(fid, root)}")
-        print("* in the default set (scripts/repro_figure.sh with no argument)")
+            if fid in figures.DEFAULT_SET:
+                total += full
+            mark = "" if "same machine" in where else " (?)"
+            print(f"{fid:<18} {f.paper:<8} {f.kind:<10} {full:>8.0f} s{mark:<4}{smoke:>5.0f} s "
+                  f"{default}{base.status_line(fid, results_root)}")
+        print(f"* in the default set (scripts/repro_figure.sh with no argument): about "
+              f"{total / 60:.1f} min in all")
+        print("(?) no run recorded on this machine kind: a run elsewhere, or the built-in estimate")
         return 0
     if args.readme:
-        print(f"wrote {base.write_results_readme(root)}")
+        print(f"wrote {base.write_results_readme(results_root)}")
         return 0
+    if args.publish and args.size != "full":
+        raise ValueError("--publish writes the published full results; drop --size smoke")
     ids: list[str] = []
     if args.default:
         ids = list(figures.DEFAULT_SET)
@@ -54,14 +81,11 @@ def run(args) -> int:
             figures.get(pattern)  # KeyError naming the known figures
         ids += [m for m in matched if m not in ids]
     if not ids:
-        raise ValueError("name a figure (e.g. `repro figure sidco-fig16`), or --default, --list, --readme")
-    failed = []
-    for fid in ids:
-        try:
-            base.run_figure(fid, size=args.size, out_root=root, overrides=args.override)
-        except Exception as exc:  # one broken figure must not stop the rest of the set
-            print(f"{fid}: FAILED: {type(exc).__name__}: {exc}")
-            failed.append(fid)
-    if args.size == "full" and root is None:
-        print(f"wrote {base.write_results_readme(root)}")
+        raise ValueError("name a figure (e.g. `repro figure sidco-fig16`), or --default, --list, "
+                         "--readme, --rules")
+    failed = base.run_figures(ids, size=args.size, out_root=out_root, overrides=args.override,
+                              results_root=results_root,
+                              publish_to=results_root if args.publish else None)
+    if args.publish:
+        print(f"wrote {base.write_results_readme(results_root)}")
     return 1 if failed else 0

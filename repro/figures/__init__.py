@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 
 from repro.figures.base import (
+    RULES,
     SIZES,
     VERDICTS,
     Context,
@@ -19,18 +20,20 @@ from repro.figures.base import (
     Row,
     figure,
     get,
+    judge,
+    publish,
     read_status,
     registered,
     results_readme,
     run_figure,
+    run_figures,
     verdict,
     write_results_readme,
 )
 
-# The default set of `scripts/repro_figure.sh` with no argument.
-# Chosen from the full variants' measured run times: one or more per paper, about 5.5
-# minutes together on a 2-core CPU (332 s measured in a fresh clone on 2026-11-23; several
-# times longer when other jobs share the cores).
+# The default set of `scripts/repro_figure.sh` with no argument: one or more figures per
+# paper, chosen from the full variants' measured run times (each figure's recorded time is
+# in its published status.json; `repro figure --list` adds them up).
 DEFAULT_SET: tuple[str, ...] = (
     "sidco-fig16", "dragonn-fig5a", "dragonn-fig5b", "dragonn-lemmaA10", "dragonn-fig1b",
     "deft-fig9", "thc-fig2b", "thc-fig10",
@@ -61,7 +64,7 @@ def list_figures(pattern: str = "*") -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_SET", "SIZES", "VERDICTS", "Context", "Figure", "Row", "figure", "get",
-    "list_figures", "load_all", "read_status", "registered", "results_readme", "run_figure",
-    "verdict", "write_results_readme",
+    "DEFAULT_SET", "RULES", "SIZES", "VERDICTS", "Context", "Figure", "Row", "figure", "get",
+    "judge", "list_figures", "load_all", "publish", "read_status", "registered",
+    "results_readme", "run_figure", "run_figures", "verdict", "write_results_readme",
 ]

@@ -5,22 +5,30 @@ Plots: `pyplot` (headless matplotlib), `smooth`, and the line styles of the SIDC
 DRAGONN plots (`COLOURS`, `label`). Inputs: `model_gradients` and `saved_source` (real
 model gradients for repro.measure), `bench_cpu_note` and `encode_cell` (repro bench
 reports). Training: `train_grid` (runs through `ctx.train`, read with repro.runs),
-`compressor_overrides`, `param_count`, `records_as_rows`. Verdicts: `claim_row`. Numbers
+`compressor_overrides`, `param_count`, `records_as_rows`. Verdicts: `claim_row` (base.judge
+with the figures' argument order). Timed quantities: `Spread` (median and 10th–90th
+percentile of samples, from repro.bench's interleaved rounds), `paired` (a ratio taken
+round by round), `lowest` / `highest` (over several settings), and for training runs
+`step_samples`, `pooled_steps` and `timing_ratio` (two runs' step times, with their
+timing repeats, step by step: the interval of a ratio of two runs' mean step times);
+`errorbars` draws an interval on a plot. Numbers
 print with repro.runs.fmt.
 """
 
 from __future__ import annotations
 
-import math
+import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from repro.figures.base import Context, Row, verdict
-from repro.runs import Run, load_run
+from repro.bench import spread
+from repro.figures.base import Context, Row, judge
+from repro.runs import WARMUP_STEPS, Run, load_run
 
 # Line styles per compressor, shared by the SIDCo and DRAGONN plots so a method keeps its
 # colour from one figure to the next.
@@ -135,30 +143,177 @@ def encode_cell(report: Mapping[str, Any], compressor: str, numel: int,
 
 def claim_row(setting: str, metric: str, paper: float | None, reproduced: float | None,
               holds: bool | None, claim: str, caveat: str, unit: str = "",
-              missing_ok: bool = False) -> Row:
-    """A comparison row whose verdict comes from `holds` (None: not checkable here).
-    Without a reproduced value the verdict is "not comparable" unless `missing_ok` (the
-    claim was decided without a number, e.g. a baseline that never reached the target)."""
-    if reproduced is None or (isinstance(reproduced, float) and not math.isfinite(reproduced)):
-        reproduced = None
-        if not missing_ok:
-            holds = None
-    state = {True: "holds here", False: "does NOT hold here", None: "cannot be checked here"}[holds]
-    reason = f"claim: {claim}; {state}"
-    if caveat:
-        reason += f" ({caveat})"
-    return Row(setting, metric, paper, reproduced, verdict(holds), reason, unit)
+              missing_ok: bool = False, *, rule_name: str | None = None,
+              interval: tuple[float, float] | None = None, threshold: float | None = None,
+              op: str = ">", timed: bool = False) -> Row:
+    """base.judge in the figures' argument order: `holds` is the claim checked on the
+    data (None: undecided), `caveat` what differs from the paper. A timed value passes
+    its `interval` (with `threshold` and `op`, or a `holds` decided on intervals, where
+    None means within noise; `timed` when there is no one interval to pass);
+    `rule_name` names a not-comparable rule that applies."""
+    return judge(setting, metric, paper, reproduced, claim=claim, holds=holds,
+                 interval=interval, threshold=threshold, op=op, rule_name=rule_name,
+                 detail=caveat, unit=unit, missing_ok=missing_ok, timed=timed)
+
+
+# -- timed quantities ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A timed quantity: the median of its samples and their 10th–90th percentile."""
+
+    median: float
+    lo: float
+    hi: float
+    n: int = 0
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Spread:
+        samples = [float(s) for s in samples if np.isfinite(s)]
+        if not samples:
+            raise ValueError("a spread of no samples")
+        med, lo, hi = spread(samples)
+        return cls(med, lo, hi, len(samples))
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return (self.lo, self.hi)
+
+    def scaled(self, factor: float) -> Spread:
+        lo, hi = sorted((self.lo * factor, self.hi * factor))
+        return Spread(self.median * factor, lo, hi, self.n)
+
+    def map(self, fn: Callable[[float], float]) -> Spread:
+        """fn applied to the median and both ends (fn monotone)."""
+        lo, hi = sorted((fn(self.lo), fn(self.hi)))
+        return Spread(fn(self.median), lo, hi, self.n)
+
+
+def paired(num: Sequence[float], den: Sequence[float]) -> Spread:
+    """The ratio num[r] / den[r] of two cells timed in the same interleaved rounds."""
+    return Spread.of([a / b for a, b in zip(num, den) if b > 0])
+
+
+def lowest(spreads: Iterable[Spread]) -> Spread:
+    """The smallest of several quantities: its median and both ends are the minima."""
+    s = list(spreads)
+    return Spread(min(x.median for x in s), min(x.lo for x in s), min(x.hi for x in s),
+                  min(x.n for x in s))
+
+
+def highest(spreads: Iterable[Spread]) -> Spread:
+    s = list(spreads)
+    return Spread(max(x.median for x in s), max(x.lo for x in s), max(x.hi for x in s),
+                  min(x.n for x in s))
+
+
+def cell_spread(cell: Mapping[str, Any], key: str) -> Spread:
+    """A `repro bench` cell's timing as a Spread (ms): key "encode", "batched", ..."""
+    return Spread(cell[f"{key}_ms"], cell[f"{key}_p10_ms"], cell[f"{key}_p90_ms"],
+                  cell.get("repeats", 0))
+
+
+def step_samples(run: Run, value: Callable[[Run], float | None]) -> list[float]:
+    """`value` of each timed step of a run on its own (steps after the warm-up): e.g.
+    `lambda r: r.projection().step_s` gives the projected time of every step."""
+    out = []
+    for rec in run.metrics:
+        if rec.get("step_s") is None or rec["step"] < WARMUP_STEPS:
+            continue
+        v = value(dataclasses.replace(run, metrics=[rec]))
+        if v is not None and np.isfinite(v):
+            out.append(float(v))
+    return out
+
+
+def projected_steps(run: Run) -> list[float]:
+    """The projected step time of each timed step of a simulated run (repro/runs.py)."""
+    return step_samples(run, projected_step)
+
+
+def step_ratio(num: Sequence[float], den: Sequence[float]) -> Spread:
+    """The ratio of two training runs' step times: mean(num) / mean(den), with the 10th
+    and 90th percentile of the step-by-step ratios num[i] / den[j] over every pair of
+    steps. The runs were timed one after the other, not in interleaved rounds, so each
+    pair stands for one measurement of the ratio, as a round does for a benchmark cell:
+    the interval is the spread of a single measurement (which a shift of the machine's
+    load between the two runs also widens), not the error of the means."""
+    a = np.asarray(num, dtype=np.float64)
+    b = np.asarray(den, dtype=np.float64)
+    if a.size == 0 or b.size == 0 or b.mean() <= 0 or (b <= 0).any():
+        raise ValueError("step_ratio needs positive samples on both sides")
+    ratios = (a[:, None] / b[None, :]).ravel()
+    lo, hi = np.percentile(ratios, [10, 90])
+    return Spread(float(a.mean() / b.mean()), float(lo), float(hi), min(a.size, b.size))
+
+
+def projected_step(run: Run) -> float | None:
+    """The projected step time of a run (of one timed step, given a one-step run)."""
+    return run.projection(skip_steps=0).step_s
+
+
+def pooled_steps(run: Run, per_step: Callable[[Run], float | None] = projected_step
+                 ) -> list[float]:
+    """`per_step` of every timed step of the run and of its timing repeats
+    (`train_grid(..., repeats=...)`)."""
+    out = step_samples(run, per_step)
+    for again in getattr(run, "timing_repeats", ()):
+        out += step_samples(again, per_step)
+    return out
+
+
+def timing_ratio(point: float | None, num: Run, den: Run,
+                 per_step: Callable[[Run], float | None] = projected_step) -> Spread | None:
+    """A ratio of two training runs (`point`, e.g. a throughput or time-to-target ratio
+    computed from the runs) whose timing part is mean step(num) / mean step(den): the
+    part that does not depend on timing (`point` over the runs' own step ratio) times
+    `step_ratio` of the steps of both runs and their timing repeats. None without a
+    point or timed steps."""
+    if point is None or not np.isfinite(point):
+        return None
+    a, b = step_samples(num, per_step), step_samples(den, per_step)
+    pa, pb = pooled_steps(num, per_step), pooled_steps(den, per_step)
+    if not a or not b or min(pa) <= 0 or min(pb) <= 0:
+        return None
+    factor = point / (float(np.mean(a)) / float(np.mean(b)))
+    return step_ratio(pa, pb).scaled(factor)
+
+
+def errorbars(spreads: Sequence[Spread | None]) -> np.ndarray:
+    """matplotlib's yerr (2 × n: below, above the median) for intervals (0 where None)."""
+    below = [0.0 if s is None else max(0.0, s.median - s.lo) for s in spreads]
+    above = [0.0 if s is None else max(0.0, s.hi - s.median) for s in spreads]
+    return np.array([below, above])
 
 
 # -- training runs ---------------------------------------------------------------------------
 
 
-def train_grid(ctx: Context, specs: Iterable[Sequence[str]]) -> list[Run]:
-    """One `repro train` run per override list (finished runs are skipped), then read."""
+# Training runs whose step times a figure compares are trained this many times, each
+# pass in the reverse order of the one before (A B C, then C B A): runs are timed one
+# after the other, and a busy spell of the machine then falls on different runs in each
+# pass. The repeats only add step times; the figure's other numbers come from the first.
+TIMING_REPEATS = 2
+
+
+def train_grid(ctx: Context, specs: Iterable[Sequence[str]], repeats: int = 1) -> list[Run]:
+    """One `repro train` run per override list (finished runs are skipped), then read.
+    repeats > 1: every run again in passes of alternating order (TIMING_REPEATS), under
+    runs/<id>-repeat<i>/, each kept as the first run's `timing_repeats` (`pooled_steps`)."""
+    specs = [list(s) for s in specs]
     out = []
     for overrides in specs:
-        (run_dir,) = ctx.train(list(overrides))
+        (run_dir,) = ctx.train(overrides)
         out.append(load_run(run_dir))
+    order = list(range(len(specs)))
+    for again in range(1, repeats):
+        order.reverse()
+        for i in order:
+            (run_dir,) = ctx.train(specs[i], repeat=again,
+                                   note=f"timing repeat {again} of {repeats - 1}")
+            repeat_runs = getattr(out[i], "timing_repeats", [])
+            out[i].timing_repeats = [*repeat_runs, load_run(run_dir)]
     return out
 
 

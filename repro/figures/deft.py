@@ -22,8 +22,17 @@ from typing import Any
 
 import torch
 
-from repro.figures.base import Context, Row, figure, verdict
-from repro.figures.common import model_gradients, pyplot, saved_source, smooth
+from repro import bench
+from repro.figures.base import Context, Row, all_of, figure, judge, side, too_few_steps
+from repro.figures.common import (
+    errorbars,
+    model_gradients,
+    paired,
+    pyplot,
+    saved_source,
+    smooth,
+    step_ratio,
+)
 from repro.runs import WARMUP_STEPS, Run, fmt, load_run
 
 # -- DEFT settings --------------------------------------------------------------------------
@@ -54,6 +63,11 @@ CONVERGENCE = {
     },
 }
 CONVERGENCE_WORKERS = {"full": 16, "smoke": 4}
+# Lower bounds on the paper's training length in steps, for the "too few steps" rule:
+# epochs × training examples / (16 workers × a generous per-worker batch). ResNet-18:
+# 200 epochs × 50,000 images / (16 × 256); LSTM: 90 epochs × 2.09M WikiText-2 tokens /
+# (16 × 64 sequences × 35 tokens); NCF: 30 epochs × 20M MovieLens-20M ratings / (16 × 4,096).
+PAPER_STEPS = {"cifar10_resnet18": 2_400, "wikitext2_lstm": 5_000, "movielens_ncf": 9_000}
 # Tensors below this many elements are allreduced densely (biases, norms): with a per-
 # tensor minimum of one selected element they would otherwise dominate the density of a
 # small model (a 64-element bias at δ = 0.001 sends 1/64 of itself).
@@ -77,7 +91,7 @@ def _band(value: float | None, target: float, tol: float) -> bool | None:
     hardware="ResNet-18 / CIFAR-10, batch 256, V100 GPUs (up to 32 workers)",
     expected="Top-k's actual density grows well above the set 0.01 as workers are added; "
              "DEFT and CLT-k keep it at the set value",
-    est_seconds={"smoke": 3, "full": 670},
+    est_seconds={"smoke": 3, "full": 200},
 )
 def deft_fig1(ctx: Context) -> list[Row]:
     from repro import measure
@@ -128,23 +142,24 @@ def deft_fig1(ctx: Context) -> list[Row]:
     out: list[Row] = []
     n_max = workers[-1]
     for inp in inputs_seen:
-        def dens(c: str, n: int) -> float:
+        def dens(c: str, n: int, inp: str = inp) -> float:
             return next(r["density"] for r in rows
                         if r["input"] == inp and r["compressor"] == c and r["workers"] == n)
 
         topk = [dens("topk", n) for n in workers]
         grows = all(b >= a for a, b in zip(topk, topk[1:])) and topk[-1] > 2 * ratio
-        out.append(Row(f"{inp}, {n_max} workers", "Top-k actual density", ref, topk[-1],
-                       verdict(grows),
-                       f"claim: Top-k's density grows with n, well above δ; here "
-                       f"{' → '.join(fmt(v, '.3g', 'n/a') for v in topk)} for n = {list(workers)} "
-                       "(grows monotonically and ends > 2δ?)"))
+        out.append(judge(f"{inp}, {n_max} workers", "Top-k actual density", ref, topk[-1],
+                         claim="Top-k's density grows with n, well above δ (checked: grows "
+                               "monotonically and ends > 2δ)", holds=grows,
+                         detail=f"{' → '.join(fmt(v, '.3g', 'n/a') for v in topk)} for n = "
+                                f"{list(workers)}"))
         for c in ("deft", "cltk"):
             worst = max(abs(dens(c, n) / ratio - 1) for n in workers)
-            out.append(Row(f"{inp}, n = 1…{n_max}", f"{LABELS[c]} actual density (largest n)",
-                           ref, dens(c, n_max), verdict(worst <= 0.10),
-                           f"claim: {LABELS[c]} keeps the density at δ; largest deviation over "
-                           f"n here {100 * worst:.1f}% (checked ≤ 10%)"))
+            out.append(judge(f"{inp}, n = 1…{n_max}", f"{LABELS[c]} actual density (largest n)",
+                             ref, dens(c, n_max),
+                             claim=f"{LABELS[c]} keeps the density at δ (checked: largest "
+                                   "deviation over n ≤ 10%)", holds=worst <= 0.10,
+                             detail=f"largest deviation over n here {100 * worst:.1f}%"))
     return out
 
 
@@ -177,13 +192,10 @@ def _lstm_layout(smoke: bool) -> tuple[tuple, str]:
                     f"{task.vocab_size:,} (paper size)")
 
 
-def _median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+def _timed(fn) -> tuple[float]:
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0,)
 
 
 @figure(
@@ -195,91 +207,118 @@ def _median_time(fn, repeats: int) -> float:
     hardware="LSTM / WikiText-2 on V100 GPUs (1–32 workers)",
     expected="DEFT's selection speed-up over Top-k grows with the number of workers and "
              "exceeds linear speed-up (f(n) ≥ n, Eq. 9)",
-    est_seconds={"smoke": 5, "full": 55},
+    est_seconds={"smoke": 5, "full": 20},
 )
 def deft_fig9(ctx: Context) -> list[Row]:
     from compressors.base import target_k
-    from compressors.deft import (assign_k, own_bin, pack_bins, partition_layout,
-                                  partition_norms, select_in_partitions, selection_costs)
+    from compressors.deft import (
+        assign_k,
+        own_bin,
+        pack_bins,
+        partition_layout,
+        partition_norms,
+        select_in_partitions,
+        selection_costs,
+    )
     from repro import sources
 
     ratio = 0.001  # DEFT's LSTM setting
     workers = (1, 2, 4) if ctx.smoke else (1, 2, 4, 8, 16, 32)
-    repeats = 2 if ctx.smoke else 3
+    rounds = 3 if ctx.smoke else 5
     layout, model_label = _lstm_layout(ctx.smoke)
     numel = sum(s.numel for s in layout)
     grad = sources.synthetic("laplace", numel, 1, seed=0, step=0)[0]
     k = target_k(numel, ratio)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one worker = one CPU thread (a GPU each in the paper)
-    rows: list[dict[str, Any]] = []
     try:
-        topk_s = _median_time(lambda: torch.topk(grad.abs(), k, sorted=False), repeats)
+        # One sampler for Top-k, one per (n, rank): all timed in the same interleaved
+        # rounds, so a round's slowest worker and its Top-k time were taken together.
+        samplers = [lambda: _timed(lambda: torch.topk(grad.abs(), k, sorted=False))]
+        cells: list[tuple[int, int]] = []
+        meta = {}
         for n in workers:
             parts = partition_layout(layout, numel, n)
             local_k = assign_k(partition_norms(grad, parts.sizes), parts.sizes, k)
             bins = pack_bins(selection_costs(parts.sizes, local_k), n) if n > 1 else [0] * len(parts)
-            per_rank = []
+            meta[n] = len(parts)
             for rank in range(n):
                 mine = [p for p, b in enumerate(bins) if b == own_bin(0, rank, n)]
-                per_rank.append(_median_time(
-                    lambda mine=mine: select_in_partitions(grad, parts, local_k, mine), repeats))
-            rows.append({"workers": n, "numel": numel, "ratio": ratio, "k": k,
-                         "partitions": len(parts), "topk_s": topk_s,
-                         "deft_slowest_s": max(per_rank),
-                         "deft_mean_s": statistics.fmean(per_rank),
-                         "speedup_vs_topk": topk_s / max(per_rank)})
+                samplers.append(lambda mine=mine, parts=parts, local_k=local_k: _timed(
+                    lambda: select_in_partitions(grad, parts, local_k, mine)))
+                cells.append((n, rank))
+        samples, done = bench.interleaved(samplers, rounds, budget_s=float("inf"))
     finally:
         torch.set_num_threads(threads)
-    base1 = rows[0]["deft_slowest_s"]
-    for r in rows:
-        r["speedup_vs_deft_n1"] = base1 / r["deft_slowest_s"]
+    topk_r = [t[0] for t in samples[0]]
+    slowest = {n: [max(samples[1 + i][r][0] for i, (m, _) in enumerate(cells) if m == n)
+                   for r in range(done)] for n in workers}
+    speed = {n: paired(topk_r, slowest[n]) for n in workers}
+    over1 = {n: paired(slowest[workers[0]], slowest[n]) for n in workers}
+    rows: list[dict[str, Any]] = []
+    for n in workers:
+        mean_rank = statistics.fmean(statistics.median(samples[1 + i][r][0] for r in range(done))
+                                     for i, (m, _) in enumerate(cells) if m == n)
+        rows.append({"workers": n, "numel": numel, "ratio": ratio, "k": k,
+                     "partitions": meta[n], "rounds": done,
+                     "topk_s": statistics.median(topk_r),
+                     "deft_slowest_s": statistics.median(slowest[n]),
+                     "deft_mean_s": mean_rank,
+                     "speedup_vs_topk": speed[n].median, "speedup_vs_topk_p10": speed[n].lo,
+                     "speedup_vs_topk_p90": speed[n].hi,
+                     "speedup_vs_deft_n1": over1[n].median,
+                     "speedup_vs_deft_n1_p10": over1[n].lo,
+                     "speedup_vs_deft_n1_p90": over1[n].hi})
     ctx.write_csv("selection_speedup", rows)
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
-    ns = [r["workers"] for r in rows]
-    ax.plot(ns, [r["speedup_vs_topk"] for r in rows], "o-", color=COLORS["deft"],
-            label="DEFT over Top-k (torch.topk on the whole gradient)")
-    ax.plot(ns, [r["speedup_vs_deft_n1"] for r in rows], "s--", color="tab:purple",
-            label="DEFT over DEFT at n=1 (layer-wise top-k)")
+    ns = list(workers)
+    ax.errorbar(ns, [speed[n].median for n in ns], yerr=errorbars([speed[n] for n in ns]),
+                fmt="o-", capsize=3, color=COLORS["deft"],
+                label="DEFT over Top-k (torch.topk on the whole gradient)")
+    ax.errorbar(ns, [over1[n].median for n in ns], yerr=errorbars([over1[n] for n in ns]),
+                fmt="s--", capsize=3, color="tab:purple",
+                label="DEFT over DEFT at n=1 (layer-wise top-k)")
     ax.plot(ns, ns, ":", color="grey", label="linear speed-up")
     ax.set(xscale="log", yscale="log", xlabel="workers n (log)",
-           ylabel="selection speed-up, slowest worker (×, log)")
+           ylabel="selection speed-up, slowest worker (×, log; 10–90% over rounds)")
     ax.set_xticks(ns, [str(n) for n in ns])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     ax.set_title(f"DEFT Fig. 9 reproduced ({ctx.size}): {model_label}, d={numel:,}, δ={ratio}\n"
-                 "synthetic Laplace gradient, CPU-measured (1 thread per worker, shared machine)",
-                 fontsize=8)
+                 f"synthetic Laplace gradient, CPU-measured (1 thread per worker, {done} "
+                 "interleaved rounds)", fontsize=8)
     ctx.save_plot(fig, "selection_speedup")
 
-    speedups = [r["speedup_vs_topk"] for r in rows]
-    # Timed on a machine shared with other jobs: a step counts as growing unless it falls
-    # by more than 10 % (timing noise), and the last must beat the first.
-    grows = all(b >= 0.9 * a for a, b in zip(speedups, speedups[1:])) and speedups[-1] > speedups[0]
-    flat = [f"{x['workers']}→{y['workers']}" for x, y in zip(rows, rows[1:])
-            if y["speedup_vs_topk"] <= x["speedup_vs_topk"]]
-    n_max = rows[-1]["workers"]
+    # Growth: round by round, each step n → 2n may fall by at most 10% (the speed-up over
+    # Top-k at 2n over that at n is slowest(n) / slowest(2n)), and the last beats the first.
+    steps_ok = [side(paired(slowest[a], slowest[b]).interval, 0.9, ">=")
+                for a, b in zip(ns, ns[1:])]
+    last_over_first = over1[ns[-1]]
+    grows = all_of([*steps_ok, side(last_over_first.interval, 1.0, ">")])
+    n_max = ns[-1]
     ref = ctx.reference_value("16 workers", "speed-up lower bound (linear)")
-    at16 = next((r["speedup_vs_topk"] for r in rows if r["workers"] == 16), None)
-    cpu = ("CPU torch.topk and one thread per simulated worker, timed on a shared 2-core "
-           "machine, vs V100 GPUs; synthetic gradient on the paper's LSTM layout")
+    at16 = speed.get(16)
+    cpu = ("CPU torch.topk and one thread per simulated worker, timed in interleaved rounds on "
+           "a shared 2-core machine, vs V100 GPUs; synthetic gradient on the paper's LSTM layout")
     out = [
-        Row(f"n = {workers[0]}…{n_max}", "speed-up over Top-k grows with n", None,
-            speedups[-1], verdict(grows),
-            f"claim: the speed-up increases with workers; here "
-            f"{', '.join(f'{s:.2f}' for s in speedups)} for n = {list(workers)} (a step may "
-            f"fall by ≤ 10% timing noise; not growing at {', '.join(flat) or 'no step'}); {cpu}"),
-        Row("16 workers", "speed-up lower bound (linear)", ref, at16,
-            verdict(None if at16 is None else at16 >= 16),
-            f"claim: super-linear speed-up, f(n) ≥ n (Eq. 9); here {fmt(at16, '.3g', 'n/a')} (x) "
-            f"at n = 16; {cpu}",
-            "x"),
-        Row(f"{n_max} workers", "speed-up over DEFT at n=1", None, rows[-1]["speedup_vs_deft_n1"],
-            verdict(rows[-1]["speedup_vs_deft_n1"] >= n_max),
-            f"the same against DEFT's own layer-wise selection at n = 1 (what the paper calls "
-            f"the Top-k case): ≥ n? {rows[-1]['speedup_vs_deft_n1']:.2f}x; {cpu}", "x"),
+        judge(f"n = {ns[0]}…{n_max}", "speed-up over Top-k grows with n", None,
+              speed[n_max].median, claim="the speed-up increases with workers (checked: no step "
+              "n → 2n falls by more than 10% and the last beats the first, on 10–90% intervals)",
+              holds=grows, timed=True,
+              detail=f"medians {', '.join(f'{speed[n].median:.2f}' for n in ns)} for n = {ns}; "
+                     + cpu, unit="x"),
+        judge("16 workers", "speed-up lower bound (linear)", ref,
+              None if at16 is None else at16.median,
+              claim="super-linear speed-up, f(n) ≥ n (Eq. 9)",
+              interval=None if at16 is None else at16.interval, threshold=16.0, op=">=",
+              detail=cpu, unit="x"),
+        judge(f"{n_max} workers", "speed-up over DEFT at n=1", None, over1[n_max].median,
+              claim=f"the same against DEFT's own layer-wise selection at n = 1 (what the paper "
+                    f"calls the Top-k case): ≥ n = {n_max}",
+              interval=over1[n_max].interval, threshold=float(n_max), op=">=", detail=cpu,
+              unit="x"),
     ]
     return out
 
@@ -307,7 +346,7 @@ def deft_run(ctx: Context, workload: str, compressor: str, workers: int) -> str:
         overrides.append(f"compressor.ratio={WORKLOADS[workload]['ratio']}")
     root = ctx.out_dir.parent / SHARED_RUNS / "runs"
     args = [*overrides, f"runs_root={root}", f"group={SHARED_RUNS}", *ctx.overrides]
-    return launch.train(args, out=ctx.say, on_change="restart")[0]
+    return launch.train(args, out=ctx.train_out(), on_change="restart")[0]
 
 
 def _convergence_runs(ctx: Context, compressors: Sequence[str]) -> dict[tuple[str, str], str]:
@@ -416,26 +455,31 @@ def deft_fig3(ctx: Context) -> list[Row]:
         # few evaluations of a run this short are within noise of each other).
         tail = {c: statistics.fmean(data[(w, c)].series("loss")[1][-5:]) for c in sparse}
         best = min(sparse, key=lambda c: tail[c]) if sparse else None
-        out.append(Row(f"{WORKLOADS[w]['label']}", "training loss, last 5 steps, Top-k", None,
-                       tail.get("topk"), verdict(None if best is None or len(sparse) < 3
-                                                 else best == "topk"),
-                       "claim: Top-k converges fastest of the three sparsifiers; lowest loss "
-                       f"over the last 5 steps here: {LABELS.get(best, best)} ("
-                       + ", ".join(f"{LABELS[c]} {tail[c]:.4f}" for c in sparse)
-                       + f"; final eval {metric}: "
-                       + ", ".join(f"{LABELS[c]} {fmt(finals[c], '.3g', 'n/a')}" for c in sparse)
-                       + "); "
-                       + _scale_note(ctx, w)))
+        steps = data[(w, comps[0])].steps
+        short = too_few_steps(steps, PAPER_STEPS[w])
+        out.append(judge(f"{WORKLOADS[w]['label']}", "training loss, last 5 steps, Top-k", None,
+                         tail.get("topk"),
+                         claim="Top-k converges fastest of the three sparsifiers (checked: the "
+                               "lowest training loss over the last 5 steps)",
+                         holds=None if best is None or len(sparse) < 3 else best == "topk",
+                         rule_name=short,
+                         detail=f"lowest here: {LABELS.get(best, best)} ("
+                                + ", ".join(f"{LABELS[c]} {tail[c]:.4f}" for c in sparse)
+                                + f"; final eval {metric}: "
+                                + ", ".join(f"{LABELS[c]} {fmt(finals[c], '.3g', 'n/a')}"
+                                            for c in sparse)
+                                + f"); paper: at least {PAPER_STEPS[w]:,} steps; "
+                                + _scale_note(ctx, w)))
         base = finals.get("none")
         for c in sparse:
             gap = None if base in (None, 0) else finals[c] / base
-            out.append(Row(f"{WORKLOADS[w]['label']}", f"final eval {metric}, {LABELS[c]} / "
-                           "non-sparsified", 1.0, gap, "not comparable",
-                           "paper: every sparsifier reaches the non-sparsified convergence "
-                           f"point after full training; here the ratio after a short run is "
-                           f"{fmt(gap, '.3g', 'n/a')} — runs too short to check a convergence "
-                           "point; "
-                           + _scale_note(ctx, w)))
+            out.append(judge(f"{WORKLOADS[w]['label']}", f"final eval {metric}, {LABELS[c]} / "
+                             "non-sparsified", 1.0, gap,
+                             claim="every sparsifier reaches the non-sparsified convergence "
+                                   "point after full training",
+                             holds=None, rule_name=short or "too few steps",
+                             detail=f"ratio after {steps} steps {fmt(gap, '.3g', 'n/a')}; paper: "
+                                    f"at least {PAPER_STEPS[w]:,} steps; " + _scale_note(ctx, w)))
     return out
 
 
@@ -469,21 +513,19 @@ def deft_fig4(ctx: Context) -> list[Row]:
         paper_x = ctx.reference_value(label, "Top-k actual density / set density")
         mine_x = None if topk is None else topk / delta
         within = None if mine_x is None or not paper_x else 0.5 <= mine_x / paper_x <= 2
-        out.append(Row(label, "Top-k actual density / set density", paper_x, mine_x,
-                       verdict(within),
-                       f"claim: Top-k's gradient build-up ({fmt(paper_x, '.3g', 'n/a')}x at 16 "
-                       "GPUs); here "
-                       f"{fmt(mine_x, '.3g', 'n/a')}x (checked within 2x of the paper's factor); "
-                       + _scale_note(ctx, w), "x"))
+        out.append(judge(label, "Top-k actual density / set density", paper_x, mine_x,
+                         claim=f"Top-k's gradient build-up ({fmt(paper_x, '.3g', 'n/a')}x at 16 "
+                               "GPUs; checked: within 2x of the paper's factor)",
+                         holds=within, detail=_scale_note(ctx, w), unit="x"))
         for c in ("deft", "cltk"):
             if (w, c) not in data:
                 continue
             d = data[(w, c)].mean("density")
             paper_d = ctx.reference_value(label, f"{LABELS[c]} mean actual density") or delta
-            out.append(Row(label, f"{LABELS[c]} mean actual density", paper_d, d,
-                           verdict(_band(d, delta, 0.10)),
-                           f"claim: {LABELS[c]} holds the set density δ={delta}; here "
-                           f"{fmt(d, '.3g', 'n/a')} (checked within ±10%); " + _scale_note(ctx, w)))
+            out.append(judge(label, f"{LABELS[c]} mean actual density", paper_d, d,
+                             claim=f"{LABELS[c]} holds the set density δ={delta} (checked: "
+                                   "within ±10%)",
+                             holds=_band(d, delta, 0.10), detail=_scale_note(ctx, w)))
     return out
 
 
@@ -514,13 +556,14 @@ def deft_fig5(ctx: Context) -> list[Row]:
         others = [means[c] for c in ("deft", "cltk") if means.get(c) is not None]
         ratio = None if means.get("topk") is None or not others else means["topk"] / min(others)
         holds = None if ratio is None else ratio < 1
-        out.append(Row(WORKLOADS[w]["label"], "mean error norm Top-k / lowest of DEFT, CLT-k",
-                       None, ratio,
-                       verdict(holds),
-                       "claim: Top-k's error is below DEFT's and CLT-k's; mean ||residual|| here "
-                       + ", ".join(f"{LABELS[c]} {fmt(v, '.3g', 'n/a')}" for c, v in means.items())
-                       + " (worker 0's residual, not the mean over workers); "
-                       + _scale_note(ctx, w)))
+        out.append(judge(WORKLOADS[w]["label"], "mean error norm Top-k / lowest of DEFT, CLT-k",
+                         None, ratio, claim="Top-k's error is below DEFT's and CLT-k's",
+                         holds=holds,
+                         detail="mean ||residual|| here "
+                                + ", ".join(f"{LABELS[c]} {fmt(v, '.3g', 'n/a')}"
+                                            for c, v in means.items())
+                                + " (worker 0's residual, not the mean over workers); "
+                                + _scale_note(ctx, w)))
     return out
 
 
@@ -543,7 +586,7 @@ def deft_fig7(ctx: Context) -> list[Row]:
     comps = ("topk", "deft") if ctx.smoke else SPARSIFIERS
     runs = {(workload, c): deft_run(ctx, workload, c, n) for c in comps}
     data = _run_table(ctx, runs, "steps")
-    rows, split = [], {}
+    rows, split, cycle_s = [], {}, {}
     for c in comps:
         run = data[(workload, c)]
         mean_step = run.mean_step_split()
@@ -553,6 +596,7 @@ def deft_fig7(ctx: Context) -> list[Row]:
         # so each n-step cycle is represented by its slowest step, for every compressor.
         cycles = [max(compress[i:i + n]) for i in range(0, len(compress), n)] or [0.0]
         select = statistics.fmean(cycles)
+        cycle_s[c] = cycles
         split[c] = (compute, select, comm)
         rows.append({"workload": workload, "compressor": c, "workers": n,
                      "compute_s": compute, "selection_s": select,
@@ -582,19 +626,23 @@ def deft_fig7(ctx: Context) -> list[Row]:
     for c in comps:
         if c == "deft":
             continue
-        ratio = split[c][1] / split["deft"][1] if split["deft"][1] > 0 else None
-        out.append(Row(f"{WORKLOADS[workload]['label']}, {n} workers",
-                       f"selection time {LABELS[c]} / DEFT", None, ratio,
-                       verdict(None if ratio is None else ratio > 1.5),
-                       f"claim: DEFT's selection is significantly faster (checked > 1.5x); "
-                       f"{LABELS[c]} {1e3 * split[c][1]:.2f} ms vs DEFT "
-                       f"{1e3 * split['deft'][1]:.2f} ms; " + why, "x"))
-        out.append(Row(f"{WORKLOADS[workload]['label']}, {n} workers",
-                       f"communication {LABELS[c]} / DEFT (projected)", None,
-                       split[c][2] / split["deft"][2] if split["deft"][2] > 0 else None,
-                       verdict(split[c][2] > split["deft"][2]),
-                       f"claim: DEFT communicates less; projected {1e3 * split[c][2]:.3f} ms "
-                       f"vs DEFT {1e3 * split['deft'][2]:.3f} ms; " + why, "x"))
+        ratio = (step_ratio(cycle_s[c], cycle_s["deft"])
+                 if min(cycle_s["deft"]) > 0 else None)
+        out.append(judge(f"{WORKLOADS[workload]['label']}, {n} workers",
+                         f"selection time {LABELS[c]} / DEFT", None,
+                         None if ratio is None else ratio.median,
+                         claim="DEFT's selection is significantly faster (checked > 1.5x)",
+                         interval=None if ratio is None else ratio.interval, threshold=1.5,
+                         op=">", detail=f"{LABELS[c]} {1e3 * split[c][1]:.2f} ms vs DEFT "
+                                        f"{1e3 * split['deft'][1]:.2f} ms, per {n}-step cycle's "
+                                        "slowest step, cycle by cycle; " + why, unit="x"))
+        out.append(judge(f"{WORKLOADS[workload]['label']}, {n} workers",
+                         f"communication {LABELS[c]} / DEFT (projected)", None,
+                         split[c][2] / split["deft"][2] if split["deft"][2] > 0 else None,
+                         claim="DEFT communicates less (the projection from the bytes sent)",
+                         holds=split[c][2] > split["deft"][2],
+                         detail=f"projected {1e3 * split[c][2]:.3f} ms vs DEFT "
+                                f"{1e3 * split['deft'][2]:.3f} ms; " + why, unit="x"))
     return out
 
 
@@ -654,10 +702,14 @@ def deft_fig10(ctx: Context) -> list[Row]:
         b = data[(str(n), "none")].final_eval
         ratio = None if d is None or not b else d / b
         worse = None if ratio is None else (ratio - 1 if not higher else 1 - ratio)
-        out.append(Row(f"{n} workers", f"final eval {metric}, DEFT / non-sparsified", 1.0, ratio,
-                       verdict(None if worse is None else worse <= 0.10),
-                       f"checked: DEFT within 10% of non-sparsified training at the same scale "
-                       f"after the same steps (paper: both reach the same point after 90 "
-                       f"epochs); DEFT {fmt(d, '.3g', 'n/a')} vs {fmt(b, '.3g', 'n/a')}; "
-                       + _scale_note(ctx, workload)))
+        steps = data[(str(n), "deft")].steps
+        out.append(judge(f"{n} workers", f"final eval {metric}, DEFT / non-sparsified", 1.0,
+                         ratio,
+                         claim="at every scale DEFT eventually reaches the non-sparsified "
+                               "result (checked: within 10% after the same steps)",
+                         holds=None if worse is None else worse <= 0.10,
+                         rule_name=too_few_steps(steps, PAPER_STEPS[workload]),
+                         detail=f"DEFT {fmt(d, '.3g', 'n/a')} vs {fmt(b, '.3g', 'n/a')} after "
+                                f"{steps} steps; paper: 90 epochs, at least "
+                                f"{PAPER_STEPS[workload]:,} steps; " + _scale_note(ctx, workload)))
     return out

@@ -17,18 +17,25 @@ import numpy as np
 import torch
 
 from repro import bench, measure
-from repro.figures.base import Context, Row, figure
+from repro.figures.base import Context, Row, all_of, figure, side
 from repro.figures.common import (
     COLOURS,
+    TIMING_REPEATS,
+    Spread,
     bench_cpu_note,
     claim_row,
     compressor_overrides,
+    errorbars,
     fmt_size,
+    highest,
     label,
+    lowest,
+    paired,
     param_count,
     pyplot,
     records_as_rows,
     smooth,
+    timing_ratio,
     train_grid,
 )
 from repro.runs import Run
@@ -61,42 +68,58 @@ def _mem_available_gib() -> float:
 
 
 BIG = 260_000_000
-BIG_MEMORY_GIB = 12.0  # the 260M tensor, its |x|, the synthetic draw's float64 temporaries
+# The 260M tensor, its |x|, Top-k's and the decode destination's copies: ~6 GB at least,
+# more while the synthetic draw's float64 temporaries live. Run only when asked
+# (GRADCOMP_BIG_TENSORS=1) and when the memory is there: the default set keeps its peak
+# memory under 4 GB.
+BIG_MEMORY_GIB = 12.0
+BIG_ENV = "GRADCOMP_BIG_TENSORS"
+
+
+def _cell_speedup(cell) -> Spread:
+    """A bench cell's speed-up over Top-k, round by round (median, 10th–90th pct.)."""
+    return Spread(cell["speedup_over_topk"], cell["speedup_over_topk_p10"],
+                  cell["speedup_over_topk_p90"], cell["repeats"])
 
 
 @figure(
     id="sidco-fig16", paper="sidco",
-    title="Compression speed-up over Top-k on synthetic tensors of 0.26M–26M (260M capped) "
-          "elements, CPU-measured",
+    title="Compression speed-up over Top-k on synthetic tensors of 0.26M–26M elements "
+          "(260M on request), CPU-measured in interleaved rounds",
     kind="benchmark", hardware=PAPER_HW,
     expected="on the CPU, threshold estimators (SIDCo) are faster than Top-k and DGC, and DGC is "
              "the slowest (Top-k beats it); SIDCo improves over DGC by ≥ 2× on GPU and more on CPU",
-    est_seconds={"smoke": 4, "full": 125},
+    est_seconds={"smoke": 4, "full": 90},
 )
 def fig16(ctx: Context) -> list[Row]:
     names = ["dgc", "redsync", "gaussianksgd", "sidco_e", "sidco_gp", "sidco_p"]
     if ctx.smoke:
-        sizes, ratios, repeats = [26_000, 260_000], [0.01, 0.001], 2
+        sizes, ratios, repeats = [26_000, 260_000], [0.01, 0.001], 3
     else:
-        sizes, ratios, repeats = [260_000, 2_600_000, 26_000_000], list(RATIOS), 2
+        sizes, ratios, repeats = [260_000, 2_600_000, 26_000_000], list(RATIOS), 7
     report = bench.run_bench(names, sizes=sizes, ratios=ratios, repeats=repeats, devices="cpu",
                              decode_workers=[], budget_s=4.0, progress=ctx.say)
     big_note = None
     encode = list(report["encode"])
     if not ctx.smoke:
         avail = _mem_available_gib()
-        if avail >= BIG_MEMORY_GIB:
-            # Capped: one ratio (0.001), Top-k / DGC / SIDCo-E, one timed call after warm-up.
-            big = bench.run_bench(["dgc", "sidco_e"], sizes=[BIG], ratios=[0.001], repeats=1,
-                                  devices="cpu", decode_workers=[], budget_s=1.0, progress=ctx.say)
+        if os.environ.get(BIG_ENV) != "1":
+            big_note = (f"260M not run: it needs about {BIG_MEMORY_GIB:g} GiB (set {BIG_ENV}=1 "
+                        "to run it: δ=0.001, Top-k/DGC/SIDCo-E, 3 rounds)")
+        elif avail >= BIG_MEMORY_GIB:
+            big = bench.run_bench(["dgc", "sidco_e"], sizes=[BIG], ratios=[0.001], repeats=3,
+                                  devices="cpu", decode_workers=[], budget_s=4.0,
+                                  progress=ctx.say)
             encode += big["encode"]
-            big_note = "260M: δ=0.001, Top-k/DGC/SIDCo-E only, 1 timed call (capped for time)"
+            big_note = "260M: δ=0.001, Top-k/DGC/SIDCo-E only, 3 interleaved rounds"
         else:
-            big_note = (f"260M skipped: {avail:.1f} GiB available, {BIG_MEMORY_GIB:g} GiB needed")
+            big_note = (f"260M not run: {avail:.1f} GiB available, {BIG_MEMORY_GIB:g} GiB needed")
         ctx.say(big_note)
     ctx.write_csv("latency", [
-        {k: e[k] for k in ("numel", "compressor", "ratio", "k", "k_hat", "encode_ms", "encode_min_ms",
-                           "decode_ms", "speedup_over_topk", "encode_over_floor", "repeats")}
+        {k: e[k] for k in ("numel", "compressor", "ratio", "k", "k_hat", "encode_ms",
+                           "encode_p10_ms", "encode_p90_ms", "encode_min_ms", "decode_ms",
+                           "speedup_over_topk", "speedup_over_topk_p10",
+                           "speedup_over_topk_p90", "encode_over_floor", "repeats")}
         for e in encode])
     all_sizes = sorted({e["numel"] for e in encode})
     cells = {(e["compressor"], e["numel"], e["ratio"]): e for e in encode}
@@ -107,16 +130,19 @@ def fig16(ctx: Context) -> list[Row]:
     width = 0.8 / (len(names) + 1)
     for ax, s in zip(axes, all_sizes):
         for j, n in enumerate(["topk", *names]):
-            ys = [cells[(n, s, r)]["speedup_over_topk"] if (n, s, r) in cells else np.nan for r in ratios]
-            ax.bar(np.arange(len(ratios)) + j * width, ys, width, color=COLOURS[n], label=label(n))
+            sp = [_cell_speedup(cells[(n, s, r)]) if (n, s, r) in cells else None for r in ratios]
+            ax.bar(np.arange(len(ratios)) + j * width,
+                   [np.nan if x is None else x.median for x in sp], width, color=COLOURS[n],
+                   label=label(n), yerr=errorbars(sp), capsize=2, ecolor="0.3")
         ax.axhline(1.0, color="k", lw=0.8)
         ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
         ax.set_xlabel("ratio δ")
         ax.set_yscale("log")
         ax.set_title(f"{fmt_size(s)} elements ({4 * s / 1e6:.3g} MB)")
-    axes[0].set_ylabel("speed-up over Top-k (Top-k time / encode time, ×)")
+    axes[0].set_ylabel("speed-up over Top-k (×; median, 10–90% over rounds)")
     axes[0].legend(fontsize=7)
-    title = f"SIDCo Fig. 16(e–h) on this CPU ({bench_cpu_note(report)}), Laplace tensors"
+    title = (f"SIDCo Fig. 16(e–h) on this CPU ({bench_cpu_note(report)}), Laplace tensors, "
+             f"{repeats} interleaved rounds")
     if big_note:
         title += f"\n{big_note}"
     fig.suptitle(title, fontsize=9)
@@ -126,45 +152,48 @@ def fig16(ctx: Context) -> list[Row]:
     rows = []
     for s in all_sizes:
         rs = [r for r in ratios if ("sidco_e", s, r) in cells]
-        sp_e = [cells[("sidco_e", s, r)]["speedup_over_topk"] for r in rs]
-        sp_dgc = [cells[("dgc", s, r)]["speedup_over_topk"] for r in rs]
-        e_over_dgc = [cells[("dgc", s, r)]["encode_ms"] / cells[("sidco_e", s, r)]["encode_ms"] for r in rs]
+        sp_e = lowest(_cell_speedup(cells[("sidco_e", s, r)]) for r in rs)
+        sp_dgc = highest(_cell_speedup(cells[("dgc", s, r)]) for r in rs)
+        e_over_dgc = lowest(paired(cells[("dgc", s, r)]["encode_samples_ms"],
+                                   cells[("sidco_e", s, r)]["encode_samples_ms"]) for r in rs)
         setting = f"{fmt_size(s)} elements, δ ∈ {{{', '.join(f'{r:g}' for r in rs)}}}, CPU"
         rows.append(claim_row(
             setting, "SIDCo-E speed-up over Top-k (min over δ)",
             ctx.reference_value("synthetic tensors, CPU", "SIDCo-E speed-up over Top-k (lower bound)"),
-            min(sp_e), min(sp_e) > 1, "SIDCo-E compresses faster than Top-k on the CPU", CPU, "×"))
+            sp_e.median, None, "SIDCo-E compresses faster than Top-k on the CPU", CPU, "×",
+            interval=sp_e.interval, threshold=1.0, op=">"))
         rows.append(claim_row(
             setting, "DGC speed-up over Top-k (max over δ)",
             ctx.reference_value("synthetic tensors, CPU", "DGC speed-up over Top-k (upper bound)"),
-            max(sp_dgc), max(sp_dgc) < 1,
+            sp_dgc.median, None,
             "on the CPU DGC is the slowest and Top-k beats it (random sampling is slow on CPU)",
-            CPU + "; torch's CPU sampling and top-k differ from PyTorch 1.1's", "×"))
+            CPU + "; torch's CPU sampling and top-k differ from PyTorch 1.1's", "×",
+            interval=sp_dgc.interval, threshold=1.0, op="<"))
         rows.append(claim_row(
             setting, "SIDCo-E speed-up over DGC (min over δ)",
             ctx.reference_value("synthetic tensors, CPU", "SIDCo-E speed-up over DGC (lower bound)"),
-            min(e_over_dgc), min(e_over_dgc) >= 2,
-            "SIDCo improves over DGC by at least 2× (GPU), more on the CPU", CPU, "×"))
-    if big_note and "skipped" in big_note:
-        rows.append(Row("260M elements", "SIDCo-E speed-up over Top-k", None, None, "not comparable",
-                        f"not run: {big_note}"))
+            e_over_dgc.median, None,
+            "SIDCo improves over DGC by at least 2× (GPU), more on the CPU", CPU, "×",
+            interval=e_over_dgc.interval, threshold=2.0, op=">="))
+    if big_note and "not run" in big_note:
+        rows.append(claim_row("260M elements", "SIDCo-E speed-up over Top-k", None, None, None,
+                              "SIDCo-E compresses faster than Top-k on the CPU", big_note,
+                              "×", rule_name="not run"))
     return rows
 
 
 # -- Fig. 1: VGG-16 gradients --------------------------------------------------------------
 
 
-def vgg16_gradients(ctx: Context, workers: int) -> str:
+def vgg16_gradients(ctx: Context, workers: int, folder: str) -> str:
     """Real gradients of the tasks' VGG-16 (paper size: 14.7M parameters in the full
     variant) on stand-in images, one batch per worker, flattened over all layers and saved
-    as a list of per-worker tensors (cached under the figure's runs/, never committed)."""
+    as a list of per-worker tensors in `folder` (a temporary folder: 118 MB that the
+    figure needs only while it runs). Returns the file's path."""
     import tasks
 
     size = "smoke" if ctx.smoke else "paper"
-    path = ctx.runs_root / f"vgg16_{size}_grads_w{workers}.pt"
-    if path.exists():
-        return str(path)
-    ctx.runs_root.mkdir(parents=True, exist_ok=True)
+    path = os.path.join(folder, f"vgg16_{size}_grads_w{workers}.pt")
     task = tasks.build_task("cifar10_vgg16", size=size, data="standin", batch_size=8, seed=0)
     model = task.build_model()
     grads = []
@@ -173,63 +202,88 @@ def vgg16_gradients(ctx: Context, workers: int) -> str:
         model.zero_grad(set_to_none=True)
         task.loss(model, batch).backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
-    tmp = path.with_suffix(".tmp")
-    torch.save(grads, tmp)
-    os.replace(tmp, path)
-    ctx.say(f"saved {workers} VGG-16 gradients of {grads[0].numel():,} elements to {path}")
-    return str(path)
+    torch.save(grads, path)
+    ctx.say(f"computed {workers} VGG-16 gradients of {grads[0].numel():,} elements")
+    return path
 
 
 def _time_on_tensor(names, ratios, x: torch.Tensor, repeats: int, budget_s: float):
-    """bench's single-worker timing (encode/decode medians after a warm-up) on a given
-    tensor: {(name, ratio): (encode_s, k_hat)}."""
+    """bench's single-worker timing on a given tensor, every (name, ratio) cell in the
+    same interleaved rounds (repro.bench.interleaved): {(name, ratio): (encode seconds
+    per round, k_hat)}."""
     import compressors
     from compressors.session import Session
 
-    out = {}
+    cells = []
     for n in names:
         for r in ratios:
             session = Session(compressors.build(n, ratio=r), rank=0, world_size=1, feedback="none",
                               seed=0, check_finite=False, measure=False)
-            (enc, _), _, _, outcome = bench.time_exchanges(session, x, repeats, budget_s)
-            out[(n, r)] = (enc, int(outcome.selected) if outcome.selected is not None else None)
+            cells.append({"key": (n, r), "session": session, "step": 0, "outcome": None})
+
+    def sampler(cell):
+        def sample():
+            outcome, enc, dec = bench.exchange_once(cell["session"], x, cell["step"])
+            cell["step"] += 1
+            cell["outcome"] = outcome
+            return enc, dec
+        return sample
+
+    samples, _ = bench.interleaved([sampler(c) for c in cells], repeats, budget_s)
+    out = {}
+    for cell, s in zip(cells, samples):
+        sel = cell["outcome"].selected
+        out[cell["key"]] = ([r[0] for r in s], int(sel) if sel is not None else None)
     return out
 
 
 @figure(
     id="sidco-fig1", paper="sidco",
-    title="Speed-up over Top-k (CPU) and estimation quality k̂/k on real VGG-16 gradients "
-          "(stand-in data: Fashion-MNIST)",
+    title="Speed-up over Top-k (CPU, interleaved rounds) and estimation quality k̂/k on real "
+          "VGG-16 gradients (stand-in data: Fashion-MNIST)",
     kind="benchmark", hardware=PAPER_HW,
     expected="on the CPU DGC is slower than Top-k while threshold estimators are faster than both; "
              "SIDCo's k̂/k ≈ 1 while RedSync and GaussianKSGD miss the target",
-    est_seconds={"smoke": 5, "full": 230},
+    est_seconds={"smoke": 5, "full": 150},
 )
 def fig1(ctx: Context) -> list[Row]:
+    import tempfile
+
     workers = 2
-    path = vgg16_gradients(ctx, workers)
-    grads = torch.load(path, weights_only=True)
-    x = grads[0]
     ratios = [0.01] if ctx.smoke else list(RATIOS)
     steps = 2 if ctx.smoke else 6  # SIDCo adapts its stage count after Q = 5 steps
     speed_set = ("topk", "dgc", "sidco_e") if ctx.smoke else SPEED_SET
     estimators = ("dgc", "redsync", "sidco_e") if ctx.smoke else ESTIMATORS
-    old = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        timing = _time_on_tensor(speed_set, ratios, x, 1 if ctx.smoke else 2, 4.0)
-    finally:
-        torch.set_num_threads(old)
+    rounds = 3 if ctx.smoke else 7
     quality = {}
-    for r in ratios:
-        for res in measure.measure(list(estimators), ratio=r, workers=workers, steps=steps,
-                                   source=f"file:{path}"):
-            quality[(res["compressor"], r)] = res
+    with tempfile.TemporaryDirectory(prefix="sidco-fig1-") as tmp:
+        path = vgg16_gradients(ctx, workers, tmp)
+        grads = torch.load(path, weights_only=True)
+        x = grads[0]
+        del grads
+        old = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            timing = _time_on_tensor(speed_set, ratios, x, rounds, 4.0)
+        finally:
+            torch.set_num_threads(old)
+        for r in ratios:
+            for res in measure.measure(list(estimators), ratio=r, workers=workers, steps=steps,
+                                       source=f"file:{path}"):
+                quality[(res["compressor"], r)] = res
+    numel = x.numel()
+    del x
+    speed = {(n, r): paired(timing[("topk", r)][0], enc) for (n, r), (enc, _) in timing.items()}
     data = []
     for (n, r), (enc, k_hat) in timing.items():
         q = quality.get((n, r), {})
-        data.append({"numel": x.numel(), "compressor": n, "ratio": r, "encode_ms": 1e3 * enc,
-                     "speedup_over_topk": timing[("topk", r)][0] / enc, "k_hat_single": k_hat,
+        e = Spread.of(enc)
+        data.append({"numel": numel, "compressor": n, "ratio": r, "encode_ms": 1e3 * e.median,
+                     "encode_p10_ms": 1e3 * e.lo, "encode_p90_ms": 1e3 * e.hi,
+                     "speedup_over_topk": speed[(n, r)].median,
+                     "speedup_over_topk_p10": speed[(n, r)].lo,
+                     "speedup_over_topk_p90": speed[(n, r)].hi, "rounds": e.n,
+                     "k_hat_single": k_hat,
                      "k_ratio_mean": q.get("k_ratio_mean", 1.0 if n == "topk" else None),
                      "k_ratio_p5": q.get("k_ratio_p5"), "k_ratio_p95": q.get("k_ratio_p95"),
                      "workers": workers, "steps": steps})
@@ -239,13 +293,14 @@ def fig1(ctx: Context) -> list[Row]:
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4))
     width = 0.8 / len(speed_set)
     for j, n in enumerate(speed_set):
-        ax.bar(np.arange(len(ratios)) + j * width, [timing[("topk", r)][0] / timing[(n, r)][0] for r in ratios],
-               width, color=COLOURS[n], label=label(n))
+        sp = [speed[(n, r)] for r in ratios]
+        ax.bar(np.arange(len(ratios)) + j * width, [v.median for v in sp], width,
+               color=COLOURS[n], label=label(n), yerr=errorbars(sp), capsize=2, ecolor="0.3")
     ax.axhline(1, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
     ax.set_xlabel("ratio δ")
-    ax.set_ylabel("speed-up over Top-k (×)")
-    ax.set_title(f"(b) compression on this CPU, d = {x.numel():,}")
+    ax.set_ylabel("speed-up over Top-k (×; median, 10–90% over rounds)")
+    ax.set_title(f"(b) compression on this CPU, d = {numel:,}, {rounds} interleaved rounds")
     ax.legend(fontsize=7)
     width = 0.8 / len(estimators)
     for j, n in enumerate(estimators):
@@ -266,25 +321,28 @@ def fig1(ctx: Context) -> list[Row]:
     ctx.save_plot(fig)
 
     rows = []
-    caveat = CPU + f"; real VGG-16 gradients of {x.numel():,} elements on stand-in data"
-    sp = {n: [timing[("topk", r)][0] / timing[(n, r)][0] for r in ratios] for n in speed_set}
+    caveat = CPU + f"; real VGG-16 gradients of {numel:,} elements on stand-in data"
+    dgc = highest(speed[("dgc", r)] for r in ratios)
     rows.append(claim_row(
         "VGG-16 gradients, CPU, all δ", "DGC speed-up over Top-k (max over δ)",
         ctx.reference_value("VGG-16, CPU", "DGC speed-up over Top-k (upper bound)"),
-        max(sp["dgc"]), max(sp["dgc"]) < 1,
-        "DGC performs significantly worse than Top-k on the CPU (Fig. 1(b))", caveat, "×"))
+        dgc.median, None, "DGC performs significantly worse than Top-k on the CPU (Fig. 1(b))",
+        caveat, "×", interval=dgc.interval, threshold=1.0, op="<"))
     for n in [v for v in ("sidco_e", "sidco_gp", "sidco_p") if v in speed_set]:
+        sp = lowest(speed[(n, r)] for r in ratios)
         rows.append(claim_row(
             "VGG-16 gradients, CPU, all δ", f"{label(n)} speed-up over Top-k (min over δ)",
             ctx.reference_value("VGG-16, CPU", "SIDCo speed-up over Top-k (lower bound)"),
-            min(sp[n]), min(sp[n]) > 1,
-            "threshold estimators impose lower compression overhead than Top-k on CPU", caveat, "×"))
-    over_dgc = [timing[("dgc", r)][0] / timing[("sidco_e", r)][0] for r in ratios]
+            sp.median, None,
+            "threshold estimators impose lower compression overhead than Top-k on CPU", caveat,
+            "×", interval=sp.interval, threshold=1.0, op=">"))
+    over_dgc = lowest(paired(timing[("dgc", r)][0], timing[("sidco_e", r)][0]) for r in ratios)
     rows.append(claim_row(
         "VGG-16 gradients, CPU, all δ", "SIDCo-E speed-up over DGC (min over δ)",
         ctx.reference_value("VGG-16, CPU", "SIDCo-E speed-up over DGC (lower bound)"),
-        min(over_dgc), min(over_dgc) >= 2,
-        "SIDCo improves over DGC by at least 2× on GPU and more on the CPU", caveat, "×"))
+        over_dgc.median, None,
+        "SIDCo improves over DGC by at least 2× on GPU and more on the CPU", caveat, "×",
+        interval=over_dgc.interval, threshold=2.0, op=">="))
     for r in ratios:
         for n in [v for v in ("sidco_e", "sidco_gp", "sidco_p", "dgc") if v in estimators]:
             km = quality[(n, r)]["k_ratio_mean"]
@@ -292,7 +350,7 @@ def fig1(ctx: Context) -> list[Row]:
                 f"VGG-16 gradients, δ={r:g}", f"{label(n)} mean k̂/k",
                 ctx.reference_value("VGG-16", "mean k̂/k of SIDCo and DGC"), km, _band(km),
                 f"k̂/k ≈ 1 (checked: within [{QUALITY_BAND[0]}, {QUALITY_BAND[1]}], SIDCo's ε = 20%)",
-                f"{workers} workers × {steps} steps on one saved gradient pair", ""))
+                f"{workers} workers × {steps} steps on one gradient pair", ""))
     heur = {n: [quality[(n, r)]["k_ratio_mean"] for r in ratios]
             for n in ("redsync", "gaussianksgd") if n in estimators}
     for n, ks in heur.items():
@@ -309,7 +367,10 @@ def fig1(ctx: Context) -> list[Row]:
 
 
 def _grid(ctx: Context, task: str, compressors_, ratios, baseline: bool = True,
-          extra: tuple[str, ...] = ()) -> dict[tuple[str, float | None], Run]:
+          extra: tuple[str, ...] = (), timed: bool = True
+          ) -> dict[tuple[str, float | None], Run]:
+    """The figure's runs by (compressor, ratio); `timed`: the figure compares their step
+    times, so each is trained TIMING_REPEATS times (train_grid)."""
     specs = []
     if baseline:
         specs.append([f"task={task}", *compressor_overrides("none", None), *extra])
@@ -318,7 +379,7 @@ def _grid(ctx: Context, task: str, compressors_, ratios, baseline: bool = True,
             specs.append([f"task={task}", *compressor_overrides(n, r), *extra])
     if ctx.smoke:
         specs = [[*s, "steps=2", "eval_batches=1"] for s in specs]
-    runs = train_grid(ctx, specs)
+    runs = train_grid(ctx, specs, repeats=TIMING_REPEATS if timed else 1)
     return {(r.compressor, r.ratio): r for r in runs}
 
 
@@ -352,26 +413,36 @@ def _k_ratios(run: Run) -> list[float]:
     return run.series("estimation_quality")[1]
 
 
-def _speedups(runs, ratios, who: str, base: str) -> list[float | None]:
-    out = []
-    for r in ratios:
-        a = quality_per_time(runs[(who, r)])
-        b = quality_per_time(runs[(base, None if base == "none" else r)])
-        out.append(a / b if a and b else None)
-    return out
+def _speedup(runs, r, who: str, base: str) -> Spread | None:
+    """who's quality_per_time over base's at ratio r, with the interval of its timing
+    part (a bootstrap of both runs' projected step times)."""
+    a, b = runs[(who, r)], runs[(base, None if base == "none" else r)]
+    qa, qb = quality_per_time(a), quality_per_time(b)
+    if not qa or not qb:
+        return None
+    return timing_ratio(qa / qb, b, a)
 
 
-def _throughputs(runs, ratios, who: str) -> list[float | None]:
-    base = runs[("none", None)].projection().samples_per_s
-    return [runs[(who, r)].projection().samples_per_s / base if base else None for r in ratios]
+def _speedups(runs, ratios, who: str, base: str) -> list[Spread | None]:
+    return [_speedup(runs, r, who, base) for r in ratios]
+
+
+def _throughput(runs, r, who: str, base: str = "none") -> Spread | None:
+    """who's projected samples/s over base's, with the interval of the timing part."""
+    a, b = runs[(who, r)], runs[(base, None if base == "none" else r)]
+    ta, tb = a.projection().samples_per_s, b.projection().samples_per_s
+    if not ta or not tb:
+        return None
+    return timing_ratio(ta / tb, b, a)
 
 
 def _bars(ax, runs, ratios, names, value, ylabel, title, log=False):
     width = 0.8 / len(names)
     for j, n in enumerate(names):
         ys = [value(n, r) for r in ratios]
-        ax.bar(np.arange(len(ratios)) + j * width, [np.nan if y is None else y for y in ys], width,
-               color=COLOURS[n], label=label(n))
+        ax.bar(np.arange(len(ratios)) + j * width, [np.nan if y is None else y.median for y in ys],
+               width, color=COLOURS[n], label=label(n), yerr=errorbars(ys), capsize=2,
+               ecolor="0.3")
     ax.set_xticks(np.arange(len(ratios)) + 0.4 - width / 2, [f"{r:g}" for r in ratios])
     ax.set_xlabel("ratio δ")
     ax.set_ylabel(ylabel)
@@ -402,16 +473,16 @@ PAPER_SET = ("topk", "dgc", "redsync", "gaussianksgd", "sidco_e")
 def _speed_rows(ctx, runs, ratios, bench_name, caveat, paper_key):
     rows = []
     for base in [b for b in ("none", "topk", "dgc") if (b, None if b == "none" else ratios[0]) in runs]:
-        sp = _speedups(runs, ratios, "sidco_e", base)
-        valid = [s for s in sp if s is not None]
-        best = max(valid) if valid else None
+        sp = [s for s in _speedups(runs, ratios, "sidco_e", base) if s is not None]
+        best = highest(sp) if sp else None
         rows.append(claim_row(
             f"{bench_name}, best over δ ∈ {{{', '.join(f'{r:g}' for r in ratios)}}}",
             f"SIDCo-E training speed-up over {label(base)}",
-            ctx.reference_value(paper_key, f"SIDCo-E speed-up over {label(base)}"), best,
-            None if best is None else best > 1,
+            ctx.reference_value(paper_key, f"SIDCo-E speed-up over {label(base)}"),
+            None if best is None else best.median, None,
             f"SIDCo-E reaches its end-of-training quality faster than {label(base)} (speed-up "
-            "> 1; the paper's magnitude needs its communication-bound cluster)", caveat, "×"))
+            "> 1; the paper's magnitude needs its communication-bound cluster)", caveat, "×",
+            interval=None if best is None else best.interval, threshold=1.0, op=">"))
     return rows
 
 
@@ -448,9 +519,9 @@ def fig3(ctx: Context) -> list[Row]:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    _bars(axes[0], runs, ratios, names, lambda n, r: _speedups(runs, [r], n, "none")[0],
+    _bars(axes[0], runs, ratios, names, lambda n, r: _speedup(runs, r, n, "none"),
           "training speed-up over no compression (×)", "(a) speed-up: (1/ppl)/projected time")
-    _bars(axes[1], runs, ratios, names, lambda n, r: _throughputs(runs, [r], n)[0],
+    _bars(axes[1], runs, ratios, names, lambda n, r: _throughput(runs, r, n),
           "throughput / no compression (×)", "(b) projected throughput, 8 workers @ 10 Gbps")
     _quality_bars(axes[2], runs, ratios, [n for n in names if n != "topk"], "(c) estimation quality")
     axes[0].legend(fontsize=7)
@@ -460,12 +531,15 @@ def fig3(ctx: Context) -> list[Row]:
 
     rows = _speed_rows(ctx, runs, ratios, "LSTM-PTB", caveat, "LSTM-PTB")
     for r in ratios:
-        tp = {n: _throughputs(runs, [r], n)[0] for n in names}
+        tp = _throughput(runs, r, "sidco_e")
+        over = [_throughput(runs, r, "sidco_e", b) for b in ("topk", "dgc") if b in names]
+        holds = all_of(side(None if o is None else o.interval, 1.0, ">=") for o in over)
         rows.append(claim_row(
             f"LSTM-PTB, δ={r:g}", "SIDCo-E projected throughput / no compression",
-            None, tp["sidco_e"], tp["sidco_e"] >= max(tp.get("topk", 0), tp.get("dgc", 0)),
+            None, None if tp is None else tp.median, holds,
             "threshold estimators incl. SIDCo have the highest throughput (checked: SIDCo-E ≥ "
-            "Top-k and DGC)", caveat, "×"))
+            "Top-k and DGC, on the intervals of SIDCo-E's throughput over each)", caveat, "×",
+            interval=None if tp is None else tp.interval))
     rows += _quality_rows(ctx, runs, ratios, "LSTM-PTB", caveat, "LSTM-PTB")
     for n, r in (("gaussianksgd", 0.001), ("redsync", 0.01), ("redsync", 0.001)):
         if (n, r) in runs:
@@ -505,11 +579,11 @@ def fig5(ctx: Context) -> list[Row]:
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    _bars(axes[0], resnet, r_ratios, r_names, lambda n, r: _speedups(resnet, [r], n, "none")[0],
+    _bars(axes[0], resnet, r_ratios, r_names, lambda n, r: _speedup(resnet, r, n, "none"),
           "training speed-up over no compression (×)", "(a) ResNet-20 speed-up")
     _quality_bars(axes[1], resnet, r_ratios, [n for n in r_names if n != "topk"],
                   "(b) ResNet-20 estimation quality")
-    _bars(axes[2], vgg, v_ratios, v_names, lambda n, r: _speedups(vgg, [r], n, "none")[0],
+    _bars(axes[2], vgg, v_ratios, v_names, lambda n, r: _speedup(vgg, r, n, "none"),
           "training speed-up over no compression (×)", "(c) VGG-16 speed-up")
     axes[0].legend(fontsize=7)
     axes[2].legend(fontsize=7)
@@ -520,11 +594,13 @@ def fig5(ctx: Context) -> list[Row]:
 
     rows = []
     sp = [v for n in r_names for v in _speedups(resnet, r_ratios, n, "none") if v]
+    top, bottom = (highest(sp), lowest(sp)) if sp else (None, None)
+    band = None if not sp else (max(1.0, top.lo / bottom.hi), top.hi / bottom.lo)
     rows.append(claim_row(
         "ResNet-20, all compressors and δ", "spread of speed-ups over no compression (max/min)",
-        None, max(sp) / min(sp) if sp else None, None if not sp else max(sp) / min(sp) <= 1.5,
+        None, None if not sp else top.median / bottom.median, None,
         "all compressors give comparable, modest speed-ups (ResNet-20 is not network-bound; "
-        "checked: max/min ≤ 1.5)", cav_r, "×"))
+        "checked: max/min ≤ 1.5)", cav_r, "×", interval=band, threshold=1.5, op="<="))
     rows += _quality_rows(ctx, resnet, r_ratios, "ResNet-20", cav_r, "ResNet-20")
     if not ctx.smoke:
         for n in ("redsync", "gaussianksgd"):
@@ -545,13 +621,13 @@ def fig5(ctx: Context) -> list[Row]:
     kind="training", hardware=PAPER_HW,
     expected="SIDCo's smoothed k̂/k stays near 1 like DGC's (SIDCo-GP over-estimates at most 2×) "
              "while RedSync and GaussianKSGD oscillate, off by up to ±60×",
-    est_seconds={"smoke": 20, "full": 190}, experiment="sidco-fig9",
+    est_seconds={"smoke": 20, "full": 40}, experiment="sidco-fig9",
 )
 def fig9(ctx: Context) -> list[Row]:
     task = "ptb_lstm"
     ratios = [0.01] if ctx.smoke else list(RATIOS)
     names = ["sidco_e"] if ctx.smoke else list(ESTIMATORS)
-    runs = _grid(ctx, task, names, ratios, baseline=False)
+    runs = _grid(ctx, task, names, ratios, baseline=False, timed=False)
     window = 2 if ctx.smoke else 10
     data = []
     for (n, r), run in runs.items():
