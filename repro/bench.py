@@ -188,7 +188,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _answer_alone(item: Any) -> Any:
+def answer_alone(item: Any) -> Any:
     """What a one-rank collective answers: the reduction/broadcast of one tensor is that
     tensor (in place); an allgather is a fresh list holding a copy of it."""
     requests, is_round = as_round(item)
@@ -224,7 +224,7 @@ def exchange_once(session: Session, x: torch.Tensor, step: int,
             return stop.value, encode, time.perf_counter() - t0
         synchronize(device)
         encode += time.perf_counter() - t0
-        answer = _answer_alone(item)
+        answer = answer_alone(item)
         synchronize(device)
         t0 = time.perf_counter()
 

@@ -20,7 +20,7 @@ SPARSE = ("topk", "randomk", "dgc", "redsync", "gaussianksgd", "sidco_e", "sidco
           "mstopk", "hard_threshold", "dragonn", "deft", "cltk")
 
 
-def _mlp(params: int):
+def mlp(params: int):
     """An MLP of about `params` parameters (four square layers and a head)."""
     import torch
 
@@ -42,7 +42,7 @@ def _rank(rank: int, world: int, names: list[str], device: str, steps: int, para
     torch.set_num_threads(1)
     results = {}
     for name in names:
-        model, width = _mlp(params)
+        model, width = mlp(params)
         model = model.to(device)
         ddp = DDP(model)
         kwargs = {"lam": 1.0} if name == "hard_threshold" else {"ratio": ratio}

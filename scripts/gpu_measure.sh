@@ -1,58 +1,76 @@
 #!/usr/bin/env bash
-# Everything issue 7 asks to measure on a GPU, in one command: the CUDA tests, SIDCo's
-# three CUDA paths side by side (scripts/bench_gpu_sidco_stages.py) and `repro bench` on
-# the device at 0.26M-128M elements, each stopped at its limit (300, 240 and 300 s; not
-# yet run on a GPU, so how long they take there is not known). Run from the repository
-# root:
+# What the suite measures on a GPU, in one command, each stage stopped at its limit:
 #
-#     bash scripts/gpu_measure.sh [all|env|tests|stages|bench] [more of them]
+#   env       the machine: GPU, driver, Python, torch, Triton
+#   tests     the CUDA tests (pytest -m gpu): every Triton path against its torch twin
+#   bench     `repro bench --device cuda` at 128M fp32, δ = 0.001, every sparsifier and
+#             THC, with the one-read floor and torch.topk in the same rounds
+#   step      a training step through the DDP hook on one GPU (scripts/gpu_step.py):
+#             uncompressed vs sidco_e, dragonn, thc
+#   fwht      the Walsh–Hadamard transform of 2^27 floats: Triton kernel vs torch ops
+#   replicas  4 ranks sharing the GPU train through the hook; replicas bit-identical
+#             (scripts/gpu_check.sh)
+#   before    the bench stage on another checkout (BEFORE=<folder or .tar.gz of one>),
+#             for before/after tables measured on the same machine
 #
-# The limits add up to more than a lent machine's ten-minute call: where that matters,
-# run `env tests` and `stages bench` as two calls (the Triton cache of the first call's
-# machine makes the second start faster while it is still warm).
-# Results go to $OUT when it is set (the lent machine's folder that comes back), else to
-# results/bench/gpu-<UTC date and time>/: env.txt, gpu-tests.log, gpu-sidco-stages.json
-# (and its .log), gpu-bench.json (and its .log). The project runs from the checkout
-# (PYTHONPATH), so a machine whose Python already holds torch, Triton, scipy and pytest
-# needs nothing installed; hydra, omegaconf and wandb are not used here. A stage that
-# fails or runs past its limit is reported and the next one still runs; the exit status
-# is that of the last failure (0 when none failed).
+#     bash scripts/gpu_measure.sh [all|STAGE...]      (all: every stage but before)
+#
+# Results go to $OUT when it is set (a lent machine's folder that comes back), else to
+# results/bench/gpu-<model>-torch<version>/: env.txt and per stage <stage>.log (and .json).
+# The project runs from the checkout (PYTHONPATH): a Python holding torch, Triton and
+# pytest needs nothing installed; Hydra and W&B are not used. A stage that fails or runs
+# past its limit is reported and the next one still runs; the exit status is that of the
+# last failure. Limits (s) come from LIMIT_<STAGE>, e.g. LIMIT_TESTS=200.
 set -uo pipefail
 
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)
-[ "${stages[*]}" = all ] && stages=(env tests stages bench)
+[ "${stages[*]}" = all ] && stages=(env tests bench step fwht replicas)
 for s in "${stages[@]}"; do
     case $s in
-        env|tests|stages|bench) ;;
-        *) echo "gpu_measure.sh: unknown stage '$s'; the stages: all env tests stages bench" >&2
+        env|tests|bench|step|fwht|replicas|before) ;;
+        *) echo "gpu_measure.sh: unknown stage '$s'; the stages: all env tests bench step fwht replicas before" >&2
            exit 2 ;;
     esac
 done
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root" || exit 2
-export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 if ! "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
     echo "gpu_measure.sh: $py sees no CUDA device (torch.cuda.is_available() is False);" \
          "run it on a machine with a GPU" >&2
     exit 2
 fi
-out=${OUT:-results/bench/gpu-$(date -u +%Y%m%d-%H%M)}
-mkdir -p "$out" || exit 2
+# results/bench/gpu-<model>-torch<major.minor>/, e.g. gpu-h200-torch2.11/
+machine=$("$py" -c 'import torch
+v = ".".join(torch.__version__.split(".")[:2])
+print("gpu-" + torch.cuda.get_device_name().split()[-1].lower() + "-torch" + v)')
+out=${OUT:-results/bench/$machine}
+mkdir -p "$out" && out=$(cd "$out" && pwd) || exit 2
+sizes=${SIZES:-128M}
+sparse=topk,dgc,dgc_reference,redsync,gaussianksgd,sidco_e,sidco_gp,sidco_p,mstopk,dragonn,hard_threshold,thc
 
 status=0
-step() {  # step NAME LIMIT_S LOG COMMAND...: run with a time limit, output into LOG too
-    local name=$1 limit=$2 log=$3
-    shift 3
+step() {  # step NAME DEFAULT_LIMIT_S COMMAND...: run with a time limit, output into NAME.log
+    local name=$1 limit=$2
+    shift 2
+    local var="LIMIT_${name^^}"
+    limit=${!var:-$limit}
     echo "== $name (limit ${limit}s) $(date -u +%H:%M:%S)"
-    timeout "$limit" "$@" 2>&1 | tee "$log"
+    timeout "$limit" "$@" 2>&1 | tee "$out/$name.log"
     local rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then
         echo "== $name: exit $rc$([ "$rc" -eq 124 ] && echo ' (past its limit)')"
         status=$rc
     fi
+}
+bench() {  # bench NAME CHECKOUT JSON: `repro bench` of that checkout as stage NAME
+    step "$1" 150 env -C "$2" PYTHONPATH="$2" "$py" -c \
+        'import sys; from repro.cli import main; sys.exit(main())' bench \
+        --device cuda --sizes "$sizes" --ratios 0.001 --compressor "$sparse" \
+        --decode-workers 2,8 --repeats "${REPEATS:-7}" --json --out "$3"
 }
 
 for s in "${stages[@]}"; do
@@ -67,22 +85,30 @@ for s in "${stages[@]}"; do
                           torch.cuda.get_device_name())'
             } 2>&1 | tee "$out/env.txt"
             ;;
-        tests)  # the CUDA tests: every Triton path against its torch path on the device
-            step tests 300 "$out/gpu-tests.log" \
-                "$py" -m pytest -q -p no:cacheprovider -m gpu \
-                tests/test_gpu_kernels.py tests/test_bench.py
+        tests)
+            step tests 180 env PYTHONPATH="$root" "$py" -m pytest -q -p no:cacheprovider -m gpu \
+                tests/test_gpu_kernels.py tests/test_bench.py tests/test_fwht_kernel.py \
+                tests/test_thc_cuda_kernel.py tests/test_sidco_cuda_kernel.py
             ;;
-        stages)  # SIDCo: host-driven stages, device stages, device with the speculative read
-            step stages 240 "$out/gpu-sidco-stages.log" \
-                "$py" scripts/bench_gpu_sidco_stages.py --sizes 26M,128M --rounds 6 \
-                --steps 30 --json "$out/gpu-sidco-stages.json"
+        bench)
+            bench bench "$root" "$out/bench.json"
             ;;
-        bench)  # the issue's command on the device
-            step bench 300 "$out/gpu-bench.log" \
-                "$py" -c 'import sys; from repro.cli import main; sys.exit(main())' bench \
-                --device cuda --sizes 260000,2.6M,26M,128M --ratios 0.001 \
-                --compressor topk,dgc,redsync,gaussianksgd,sidco_e,sidco_gp,sidco_p,mstopk,dragonn,hard_threshold,thc \
-                --decode-workers 2,8 --repeats 10 --json --out "$out/gpu-bench.json"
+        step)
+            step step 90 env PYTHONPATH="$root" "$py" scripts/gpu_step.py --json "$out/step.json"
+            ;;
+        fwht)
+            step fwht 40 env PYTHONPATH="$root" "$py" -m compressors.kernels.cuda_fwht --json "$out/fwht.json"
+            ;;
+        replicas)
+            step replicas 90 env PYTHONPATH="$root" bash scripts/gpu_check.sh --steps 20
+            ;;
+        before)
+            src=${BEFORE:?set BEFORE to the other checkout (a folder or a .tar.gz of one)}
+            if [ -f "$src" ]; then
+                mkdir -p /tmp/gpu-measure-before && tar xzf "$src" -C /tmp/gpu-measure-before
+                src=/tmp/gpu-measure-before
+            fi
+            bench before "$src" "$out/before.json"
             ;;
     esac
 done

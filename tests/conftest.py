@@ -9,8 +9,25 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(2)
 
 
+# What each test file tests. Every test gets one group marker: its file's group, else
+# "unit". Tests that spawn processes are marked "distributed" where they are written.
+GROUPS = {
+    "kernels": ("test_native_kernels", "test_gpu_kernels", "test_fwht_kernel",
+                "test_thc_cuda_kernel", "test_sidco_cuda_kernel", "test_fastpaths",
+                "test_allocations", "test_finite_fold", "test_thc_rng", "test_imports",
+                "test_context_workspace", "test_bench"),
+    "figures": ("test_figures", "test_figures_sidco_dragonn", "test_verdicts", "test_compare",
+                "test_runs"),
+}
+GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
+
+
 def pytest_collection_modifyitems(config, items):
-    """GPU tests skip where no CUDA device exists (CI is CPU-only); nothing else skips."""
+    """Group markers (unit, kernels, figures; see GROUPS); GPU tests skip where no CUDA
+    device exists (CI is CPU-only); nothing else skips."""
+    for item in items:
+        module = item.path.stem if hasattr(item, "path") else ""
+        item.add_marker(getattr(pytest.mark, GROUP_OF.get(module, "unit")))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

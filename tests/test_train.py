@@ -1,4 +1,4 @@
-"""The training engine (issue 4): real gloo ranks through the DDP comm hook, simulated
+"""The training engine: real gloo ranks through the DDP comm hook, simulated
 workers, checkpoints and relaunch, schedules, sweeps, config validation.
 
 The distributed runs train the smoke MLP-Mixer (cifar10_mixer: 16k parameters in 30
