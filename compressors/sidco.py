@@ -299,6 +299,14 @@ class _SIDCo(ThresholdSparsifier):
         if indices is None:  # all zero: nothing to send, and no information for adaptation
             self.report(ctx, stages=reported, threshold=0.0)
             return empty_indices(acc.device)
+        chosen = indices.indices if isinstance(indices, Selected) else indices
+        if chosen.numel() == 0:
+            # A tensor too small for its fits (e.g. 16 values at δ = 0.01: the exponential
+            # threshold, mean·ln(1/δ), lies above the largest value) would send nothing at
+            # every step, and its error-feedback residual would grow without bound: its k
+            # largest are sent instead.
+            indices = torch.topk(acc.reshape(-1).abs(), min(k, acc.numel())).indices.sort().values
+            threshold = float(acc.reshape(-1).abs()[indices].min())
         self.report(ctx, stages=reported, threshold=threshold)
         if self.adaptive and self.ratio < self.first_stage_ratio:  # lines 4-7
             chosen = indices.indices if isinstance(indices, Selected) else indices

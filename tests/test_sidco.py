@@ -527,3 +527,23 @@ def test_half_precision_statistics_are_taken_in_float32(name, dtype):
 def test_invalid_parameters_are_refused_by_name(name, param, value):
     with pytest.raises(ValueError, match=param):
         compressors.build(name, ratio=0.001, **{param: value})
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
+def test_tensor_too_small_for_the_fit_still_sends_and_its_residual_stays_bounded(name):
+    """16 values at δ = 0.01: the fitted threshold lies above the largest value, so the
+    fit selects nothing; the k largest go instead, and the residual (the gap between
+    what was averaged and what was sent, summed over steps) stops growing although
+    every gradient has the same positive drift."""
+    group = compressors.SimulatedGroup(compressors.build(name, ratio=0.01), world_size=2,
+                                       feedback="residual")
+    gen = torch.Generator().manual_seed(0)
+    gap, norms = torch.zeros(16), {}
+    for step in range(400):
+        grads = [torch.randn(16, generator=gen) + 0.5 for _ in range(2)]
+        out = group.step(grads)
+        assert out[0].selected >= 1
+        gap += (grads[0] + grads[1]) / 2 - out[0].aggregate
+        norms[step] = float(gap.norm())
+    # nothing sent: the gap grows by about 0.5·4 = 2 per step (800 after 400 steps)
+    assert norms[399] < 20 and norms[399] < 2 * max(norms[99], 1.0)
