@@ -144,7 +144,7 @@ class RotatedGrid:
         x32 = x.reshape(-1).to(torch.float32)
         lut = interval_lut(table) if lut is None else lut
         fused = thc_pipeline.rotate_encode(self, x32, table, table_values, lut, seed,
-                                           indices, values_out)
+                                           indices, values_out, count_clamped)
         if fused is not None:
             z, values, clamped = fused
             return z, values, (clamped if count_clamped else None)
