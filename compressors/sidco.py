@@ -300,17 +300,18 @@ class _SIDCo(ThresholdSparsifier):
             self.report(ctx, stages=reported, threshold=0.0)
             return empty_indices(acc.device)
         chosen = indices.indices if isinstance(indices, Selected) else indices
-        if chosen.numel() == 0:
-            # A tensor too small for its fits (e.g. 16 values at δ = 0.01: the exponential
-            # threshold, mean·ln(1/δ), lies above the largest value) would send nothing at
-            # every step, and its error-feedback residual would grow without bound: its k
-            # largest are sent instead.
-            indices = torch.topk(acc.reshape(-1).abs(), min(k, acc.numel())).indices.sort().values
+        fitted = chosen.numel()  # what the fits selected: the quality stage adaptation sees
+        if fitted == 0 and self.ratio * acc.numel() < 1:
+            # Fewer than 1/δ values (16 at δ = 0.01): the fitted (1 − δ)-quantile lies
+            # beyond the largest of them in most steps (the exponential's mean·ln(1/δ)
+            # exceeds the sample maximum, about mean·ln d, when d < 1/δ), so the tensor
+            # would send nothing and its error-feedback residual grow without bound; its
+            # largest value is sent instead (k = 1).
+            indices = torch.topk(acc.reshape(-1).abs(), k).indices.sort().values
             threshold = float(acc.reshape(-1).abs()[indices].min())
         self.report(ctx, stages=reported, threshold=threshold)
         if self.adaptive and self.ratio < self.first_stage_ratio:  # lines 4-7
-            chosen = indices.indices if isinstance(indices, Selected) else indices
-            self._adapt(state, chosen.numel() / k)
+            self._adapt(state, fitted / k)
         return indices
 
     def select_reference(self, acc: torch.Tensor, stages: int):

@@ -463,7 +463,8 @@ def test_degenerate_inputs_give_finite_consistent_results(name, kind, dtype):
     """No NaN; the aggregate is the mean of what the workers sent; acc == sent + residual.
     A constant tensor is a point mass: a threshold keeps all ties or none (the GP and
     gamma fits' limit is the point itself, so they keep all; the exponential's quantile
-    lies above it, so it keeps none). Zeros are never sent."""
+    lies above it, so it keeps none). One value (fewer than 1/δ) is sent whatever the
+    fit says. Zeros are never sent."""
     d = {"zeros": 1000, "constant": 1000, "one": 1}[kind]
     value = {"zeros": 0.0, "constant": 0.25, "one": -1.5}[kind]
     grads = [torch.full((d,), value, dtype=dtype), torch.full((d,), value, dtype=dtype)]
@@ -482,7 +483,7 @@ def test_degenerate_inputs_give_finite_consistent_results(name, kind, dtype):
             if kind == "zeros":
                 assert o.selected == 0
             else:
-                assert o.selected == (0 if name == "sidco_e" else d)
+                assert o.selected == (d if name != "sidco_e" or kind == "one" else 0)
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -531,8 +532,8 @@ def test_invalid_parameters_are_refused_by_name(name, param, value):
 
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 def test_tensor_too_small_for_the_fit_still_sends_and_its_residual_stays_bounded(name):
-    """16 values at δ = 0.01: the fitted threshold lies above the largest value, so the
-    fit selects nothing; the k largest go instead, and the residual (the gap between
+    """16 values at δ = 0.01 (fewer than 1/δ): the fitted threshold lies above the largest
+    value in most steps, so the fit selects nothing; the largest goes instead, and the residual (the gap between
     what was averaged and what was sent, summed over steps) stops growing although
     every gradient has the same positive drift."""
     group = compressors.SimulatedGroup(compressors.build(name, ratio=0.01), world_size=2,
