@@ -21,6 +21,11 @@ Table columns (means are over the logged steps that carry the value):
 
 Projected values (keys "projected/...") come from the cost model, not from a measurement,
 and are labelled "projected" wherever they appear.
+
+Further metrics (`metrics`, `repro compare --metric NAME`) add a "mean KEY" and a "last
+KEY" column and a plot against `x` each. NAME is a metrics.jsonl key or its W&B name
+(repro.logging.wandb_name): "compress/khat_over_k" selects the same series as
+"estimation_quality".
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from repro.logging import metric_key, wandb_name
 from repro.runs import Run, fmt, load_runs
 
 X_LABELS = {"step": "step", "time": "wall time (s)"}
@@ -57,8 +63,21 @@ def best_and_target(run: Run) -> tuple[float | None, float | None, str]:
     return best, None, "not reached" if run.done else "not yet"
 
 
-def table_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
-    """Column headers and raw values (numbers stay numbers; the formatter rounds)."""
+def selected_keys(runs: Sequence[Run], names: Sequence[str]) -> list[str]:
+    """The metrics.jsonl keys of the metrics asked for by either name, in order, each
+    once; a ValueError for one that no run logged."""
+    keys = list(dict.fromkeys(metric_key(n) for n in names))
+    logged = {k for r in runs for rec in r.metrics for k in rec}
+    missing = [k for k in keys if k not in logged]
+    if missing:
+        known = ", ".join(f"{k} ({wandb_name(k)})" for k in sorted(logged - {"step", "wall_time"}))
+        raise ValueError(f"no run logged {', '.join(map(repr, missing))}; the runs logged: {known}")
+    return keys
+
+
+def table_rows(runs: Sequence[Run], extra: Sequence[str] = ()) -> tuple[list[str], list[list[Any]]]:
+    """Column headers and raw values (numbers stay numbers; the formatter rounds);
+    `extra`: metrics.jsonl keys, each adding its mean and its last value."""
     metrics = {r.metric for r in runs if r.metric}
     best_header = f"best eval/{next(iter(metrics))}" if len(metrics) == 1 else "best eval metric"
     with_projected = any(r.series("projected/samples_per_s")[1] for r in runs)
@@ -71,6 +90,8 @@ def table_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
     if with_projected:
         headers.append(projected_header)
     headers += ["k̂/k", "density", "sent/worker/step", "compress (ms)", "comm (ms)"]
+    for key in extra:
+        headers += [f"mean {key}", f"last {key}"]
     rows = []
     for r in runs:
         best, ttt, status = best_and_target(r)
@@ -87,6 +108,8 @@ def table_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
         compress, comm = r.mean("compress_s"), r.mean("comm_s")
         row += [r.mean("estimation_quality"), r.mean("density"), ByteCount(r.mean("bytes_sent")),
                 None if compress is None else compress * 1e3, None if comm is None else comm * 1e3]
+        for key in extra:
+            row += [r.mean(key), r.last(key)]
         rows.append(row)
     return headers, rows
 
@@ -239,9 +262,10 @@ class Plotter:
         self.save(fig, file, title)
 
 
-def make_plots(runs: Sequence[Run], out: str, x: str = "step") -> Plotter:
+def make_plots(runs: Sequence[Run], out: str, x: str = "step", metrics: Sequence[str] = ()
+               ) -> Plotter:
     """Loss and quality metric against both step and wall time; the per-step diagnostics
-    (throughput, k̂/k, density, bytes) against `x`."""
+    (throughput, k̂/k, density, bytes) and the `metrics` (metrics.jsonl keys) against `x`."""
     p = Plotter(runs, out)
     for axis in ("step", "time"):
         p.line("loss", axis, "training loss", "Training loss")
@@ -258,6 +282,10 @@ def make_plots(runs: Sequence[Run], out: str, x: str = "step") -> Plotter:
     p.line("density", x, "density |∪ indices| / d", "Actual density of the aggregate")
     p.line("bytes_sent", x, "bytes sent per worker per step (B)", "Bytes sent")
     p.time_breakdown()
+    drawn = {plot.file for plot in p.plots}
+    for key in metrics:
+        if f"{safe_file(key)}_vs_{x}.png" not in drawn:
+            p.line(key, x, f"{key} (W&B: {wandb_name(key)})", key)
     return p
 
 
@@ -312,18 +340,21 @@ def default_out(runs: Sequence[Run]) -> str:
     return os.path.join(runs[0].path, f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
-def compare(paths: Sequence[str], out: str | None = None, x: str = "step", stream=None) -> str:
+def compare(paths: Sequence[str], out: str | None = None, x: str = "step", stream=None,
+            metrics: Sequence[str] = ()) -> str:
     """Print the table, write the plots, table.csv and index.html into `out` (default:
-    `default_out`); return the out folder."""
+    `default_out`); return the out folder. `metrics`: further metrics to tabulate and
+    plot, each by its metrics.jsonl key or its W&B name."""
     if x not in X_LABELS:
         raise ValueError(f"x={x!r} is not allowed; choose step or time")
     stream = sys.stdout if stream is None else stream
     runs = load_runs(paths)
+    keys = selected_keys(runs, metrics)
     out = out or default_out(runs)
     os.makedirs(out, exist_ok=True)
-    headers, rows = table_rows(runs)
+    headers, rows = table_rows(runs, keys)
     print(format_table(headers, rows), file=stream)
-    plotter = make_plots(runs, out, x)
+    plotter = make_plots(runs, out, x, keys)
     for s in plotter.skipped:
         print(f"skipped {s}", file=stream)
     write_csv(os.path.join(out, "table.csv"), headers, rows)

@@ -14,6 +14,11 @@ keeping only complete lines with step <= N, so the file never holds a step twice
 misses one. W&B mode comes from WANDB_MODE (default "offline": a machine without an
 account or network still logs, and `wandb sync RUN_DIR/wandb/offline-run-*` uploads later).
 
+W&B sees the same numbers under grouped names (`wandb_name`; `metric_key` maps back, and
+`repro compare --metric` takes either form): the keys in WANDB_NAMES get their name from
+the table, a key that already has a prefix ("eval/accuracy", "projected/step_s") keeps
+it, and any other key goes under "train/". `step` is logged in every row as the x-axis.
+
 Nothing here imports torch: `is_main` looks at torch.distributed only if torch is already
 loaded (it cannot be initialised otherwise), so `repro compare` starts fast.
 """
@@ -37,6 +42,88 @@ SUMMARY_FILE = "summary.json"
 CONFIG_FILE = "config.yaml"
 DONE_FILE = "DONE"
 RESERVED_KEYS = ("step", "wall_time")
+
+# metrics.jsonl / summary.json key -> W&B name. Keys not listed: see `wandb_name`.
+WANDB_NAMES: dict[str, str] = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "step_s": "train/step_s",
+    "compute_s": "train/compute_s",
+    "samples_per_s": "train/samples_per_s",
+    "wall_time": "train/wall_time",
+    "skipped": "train/skipped",
+    "bytes_sent": "comm/bytes_sent",
+    "comm_s": "comm/time_s",
+    "compress_s": "compress/time_s",
+    "estimation_quality": "compress/khat_over_k",
+    "target_ratio": "compress/target_ratio",
+    "ratio": "compress/ratio",
+    "density": "compress/density",
+    "compressed_fraction": "compress/compressed_fraction",
+    "ef_norm": "compress/ef_norm",
+    "nmse": "compress/nmse",
+    # summary.json: what the task's quality metric is and when it reached its target
+    "metric": "eval/metric",
+    "target": "eval/target",
+    "higher_is_better": "eval/higher_is_better",
+    "time_to_target_s": "eval/time_to_target_s",
+    "steps_to_target": "eval/steps_to_target",
+}
+WANDB_STEP = "step"  # the x-axis of every W&B metric
+DEFAULT_PREFIX = "train/"
+_JSONL_KEYS = {name: key for key, name in WANDB_NAMES.items()}
+
+
+def check_reserved(metrics: Mapping[str, Any]) -> None:
+    for key in RESERVED_KEYS:
+        if key in metrics:
+            raise ValueError(f"metric name {key!r} is reserved (the writer sets it); rename it")
+
+
+def wandb_name(key: str) -> str:
+    """The W&B name of a metrics.jsonl or summary.json key: the table's, else the key
+    itself when it has a prefix ("eval/accuracy", "projected/step_s"), else "train/<key>"."""
+    if key == WANDB_STEP:
+        return key
+    if key in WANDB_NAMES:
+        return WANDB_NAMES[key]
+    return key if "/" in key else DEFAULT_PREFIX + key
+
+
+def metric_key(name: str) -> str:
+    """The metrics.jsonl key of a metric given by either name: a W&B name
+    ("compress/khat_over_k", "train/loss", "train/foo") maps back to its key
+    ("estimation_quality", "loss", "foo"); a key maps to itself."""
+    if name in _JSONL_KEYS:
+        return _JSONL_KEYS[name]
+    if name.startswith(DEFAULT_PREFIX):
+        bare = name[len(DEFAULT_PREFIX):]
+        if bare and wandb_name(bare) == name:
+            return bare
+    return name
+
+
+def dashboard_fields(config: Mapping[str, Any]) -> tuple[str | None, list[str]]:
+    """(job_type, tags) of a run's W&B run from its resolved config: the compressor's
+    name, and "task:…", "size:…", "workers:…", "ratio:…", "cluster:…" for what the
+    config sets."""
+    def get(dotted: str) -> Any:
+        node: Any = config
+        for part in dotted.split("."):
+            if not isinstance(node, Mapping) or node.get(part) is None:
+                return None
+            node = node[part]
+        return node
+
+    tags = []
+    for tag, dotted in (("task", "task.name"), ("size", "task.size"),
+                        ("workers", "cluster.workers"), ("ratio", "compressor.ratio"),
+                        ("cluster", "cluster.mode")):
+        value = get(dotted)
+        if value is not None:
+            tags.append(f"{tag}:{value:g}" if isinstance(value, float) else f"{tag}:{value}")
+    job_type = get("compressor.name")
+    return (None if job_type is None else str(job_type)), tags
 
 
 def is_main() -> bool:
@@ -213,9 +300,7 @@ class MetricsWriter:
                 step = int(step.item())
             else:
                 raise TypeError(f"step={step!r} must be an int")
-        for key in RESERVED_KEYS:
-            if key in metrics:
-                raise ValueError(f"metric name {key!r} is reserved (the writer sets it); rename it")
+        check_reserved(metrics)
         record: dict[str, Any] = {"step": step, "wall_time": self.wall_time()}
         record.update({k: scalar(k, v) for k, v in metrics.items()})
         line = memoryview((json.dumps(record, allow_nan=False) + "\n").encode("utf-8"))
@@ -296,6 +381,13 @@ class WandbLogger:
     the environment always wins). Files go under RUN_DIR/wandb/. The W&B run id is kept in
     RUN_DIR/wandb/run_id so a relaunch after a crash resumes the same W&B run.
 
+    For dashboards the run carries the project, the group (the figure or sweep: the
+    runs/<group>/ folder), the name, the whole resolved config, job_type = the
+    compressor and the tags of `dashboard_fields`. Metrics go under their `wandb_name`
+    with `step` as their x-axis; `finish` puts the run's summary (given, or else the
+    summary.json written since this logger started) into the W&B run summary under the
+    same names.
+
     W&B's own console output (its banner, sync hints, the run summary and sparklines at
     the end) is silenced, and one line of ours says where the W&B run went, unless
     `verbose` is set, or the config holds logger.verbose = true (`repro train
@@ -305,6 +397,8 @@ class WandbLogger:
     def __init__(self, config: Mapping[str, Any], project: str, group: str | None, name: str,
                  run_dir: str, enabled: bool = True, verbose: bool | None = None):
         self.run = None
+        self.run_dir = run_dir
+        self.started = time.time()
         if verbose is None:
             logger_cfg = config.get("logger") if isinstance(config, Mapping) else None
             verbose = bool(logger_cfg.get("verbose", False)) if isinstance(logger_cfg, Mapping) \
@@ -331,10 +425,13 @@ class WandbLogger:
         settings = getattr(wandb, "Settings", None)
         if not verbose and settings is not None:
             extra["settings"] = settings(silent=True)
+        job_type, tags = dashboard_fields(config)
+        if group is None and isinstance(config.get("group"), str):
+            group = config["group"]
         try:
             self.run = wandb.init(
-                project=project, group=group, name=name, dir=run_dir, id=run_id, resume="allow",
-                config=dict(config), **extra,
+                project=project, group=group, name=name, job_type=job_type, tags=tags,
+                dir=run_dir, id=run_id, resume="allow", config=dict(config), **extra,
             )
         except Exception as exc:  # noqa: BLE001 -- logging must not kill a training run
             notice(f"W&B logging is off: wandb.init failed in WANDB_MODE={mode} ({exc}); run "
@@ -342,6 +439,10 @@ class WandbLogger:
                    f"{os.path.join(run_dir, METRICS_FILE)}")
             self.run = None
             return
+        define = getattr(self.run, "define_metric", None)
+        if define is not None:
+            define(WANDB_STEP)
+            define("*", step_metric=WANDB_STEP)
         if not verbose:
             upload = (f"; `wandb sync {os.path.join(wandb_dir, 'offline-run-*')}` uploads it"
                       if mode == "offline" else "")
@@ -366,13 +467,37 @@ class WandbLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.run is None:
             return
-        values = {k: scalar(k, v) for k, v in metrics.items()}
-        self.run.log({k: v for k, v in values.items() if v is not None}, step=int(step))
+        check_reserved(metrics)
+        row: dict[str, Any] = {WANDB_STEP: int(step)}
+        for key, value in metrics.items():
+            value = scalar(key, value)
+            if value is not None:
+                row[wandb_name(key)] = value
+        self.run.log(row, step=int(step))
 
-    def finish(self) -> None:
-        if self.run is not None:
-            self.run.finish()
-            self.run = None
+    def finish(self, summary: Mapping[str, Any] | None = None) -> None:
+        if self.run is None:
+            return
+        if summary is None:
+            summary = self.fresh_summary()
+        target = getattr(self.run, "summary", None)
+        if summary and target is not None:
+            for key, value in sanitise(summary).items():
+                if value is not None:
+                    target[wandb_name(key)] = value
+        self.run.finish()
+        self.run = None
+
+    def fresh_summary(self) -> dict[str, Any] | None:
+        """RUN_DIR/summary.json if it was written since this logger started (an older
+        one belongs to an earlier attempt), else None."""
+        path = os.path.join(self.run_dir, SUMMARY_FILE)
+        try:
+            if os.path.getmtime(path) < self.started - 1.0:
+                return None
+            return read_summary(self.run_dir)
+        except (OSError, ValueError):
+            return None
 
 
 # -- the end of a run ----------------------------------------------------------------------

@@ -244,7 +244,7 @@ def test_wandb_mode_defaults_to_offline_through_the_environment(tmp_path, monkey
     assert "mode" not in kwargs  # the environment decides, never an argument
     assert kwargs["dir"] == str(tmp_path) and kwargs["config"] == {"seed": 1}
     assert kwargs["project"] == "p" and kwargs["name"] == "n"
-    assert log == ("log", 3, {"loss": 1.0, "eval/accuracy": 0.25})  # NaN dropped, tensor .item()
+    assert log == ("log", 3, {"step": 3, "train/loss": 1.0, "eval/accuracy": 0.25})  # NaN dropped, tensor .item(), W&B names
     assert fin == ("finish",)
     # The environment wins over the default.
     calls.clear()

@@ -1,5 +1,5 @@
-"""`repro compare RUN_DIRS... [--out DIR] [--x step|time]`: side-by-side table, plots and
-an HTML page for training runs (library: repro.compare)."""
+"""`repro compare RUN_DIRS... [--out DIR] [--x step|time] [--metric NAME]...`: side-by-side
+table, plots and an HTML page for training runs (library: repro.compare)."""
 
 from __future__ import annotations
 
@@ -24,11 +24,15 @@ def add_parser(sub) -> None:
                         "compare-<timestamp>/ inside the first run's directory)")
     p.add_argument("--x", choices=("step", "time"), default="step",
                    help="x-axis of the throughput, k̂/k, density and bytes plots")
+    p.add_argument("--metric", action="append", default=[], metavar="NAME",
+                   help="one more metric to tabulate (mean and last value) and plot against "
+                        "--x; a metrics.jsonl key or its W&B name, e.g. estimation_quality or "
+                        "compress/khat_over_k (repeatable)")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from repro.compare import compare
 
-    compare(args.runs, out=args.out, x=args.x)
+    compare(args.runs, out=args.out, x=args.x, metrics=args.metric)
     return 0
