@@ -3,7 +3,7 @@
 # into outputs/<figure>/ (PNG + CSV, ignored by git) and compare it with the paper and with
 # the published results/<figure>/. Nothing tracked is written unless --publish is given.
 #
-#   scripts/repro_figure.sh                      # the default set: RUN_TIME_DEFAULT_SET
+#   scripts/repro_figure.sh                      # the default set (13 figures; see README for its time)
 #   scripts/repro_figure.sh --size smoke         # the default set's smoke variants (CI)
 #   scripts/repro_figure.sh sidco-fig16          # one figure, full variant
 #   scripts/repro_figure.sh deft-fig1 --size smoke
