@@ -114,6 +114,14 @@ def table_rows(runs: Sequence[Run], extra: Sequence[str] = ()) -> tuple[list[str
     return headers, rows
 
 
+
+def wrap_title(title: str, width: int = 80) -> str:
+    """A plot title broken into lines of at most `width` characters, so that a long task
+    or data-set name is not cut at the figure's edge."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(title, width)) or title
+
 class ByteCount:
     """Bytes, printed with a binary unit."""
 
@@ -198,7 +206,7 @@ class Plotter:
         ax.set_xlabel(X_LABELS[x])
         ax.set_ylabel(ylabel)
         title = f"{what} vs {X_LABELS[x].split(' (')[0]} — {title_suffix([r for r, _, _ in have])}"
-        ax.set_title(title, fontsize=10)
+        ax.set_title(wrap_title(title), fontsize=10)
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         self.save(fig, file, title)
@@ -231,7 +239,7 @@ class Plotter:
             ax.grid(alpha=0.3)
             ax.legend(fontsize="small")
         title = f"Throughput — {title_suffix([s[0] for p in panels for s in p[0]])}"
-        fig.suptitle(title, fontsize=11)
+        fig.suptitle(wrap_title(title, 70 * len(panels)), fontsize=11)
         self.save(fig, file, title)
 
     def time_breakdown(self) -> None:
@@ -255,7 +263,7 @@ class Plotter:
                       fontsize="small")
         ax.set_ylabel("mean time per step (ms)")
         title = f"Step time breakdown (measured) — {title_suffix(runs)}"
-        ax.set_title(title, fontsize=10)
+        ax.set_title(wrap_title(title), fontsize=10)
         ax.set_ylim(0, bottom.max() * 1.3 if bottom.max() > 0 else 1.0)  # room for the legend
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize="small", ncol=3, loc="upper center")
@@ -303,7 +311,8 @@ def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Seq
                plotter: Plotter) -> None:
     e = html.escape
     head = "".join(f"<th>{e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
+    body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) else "num"}">'
+                                    f"{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
     figures = "".join(f'<figure><img src="{e(p.file)}" alt="{e(p.title)}"><figcaption>{e(p.title)}'
                       f"</figcaption></figure>\n" for p in plotter.plots)
     skipped = ""
@@ -313,19 +322,24 @@ def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Seq
     sources = "".join(f"<li><code>{e(r.name)}</code>: <code>{e(os.path.abspath(r.path))}</code></li>"
                       for r in runs)
     page = f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>repro compare — {e(title_suffix(runs))}</title>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>repro compare — {e(title_suffix(runs))}</title>
 <style>
-body {{ font-family: sans-serif; margin: 2em; }}
-table {{ border-collapse: collapse; font-size: 0.9em; }}
-th, td {{ border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: right; }}
-th {{ background: #f0f0f0; }} td:first-child {{ text-align: left; }}
-figure {{ display: inline-block; margin: 1em; }} img {{ max-width: 100%; }}
+body {{ font-family: sans-serif; margin: 2em; overflow-wrap: break-word; }}
+.table {{ max-width: 100%; overflow-x: auto; }}
+table {{ border-collapse: collapse; font-size: 0.8em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.25em 0.35em; text-align: right; }}
+th {{ background: #f0f0f0; }} td.num {{ white-space: nowrap; }}
+td:first-child {{ text-align: left; overflow-wrap: anywhere; min-width: 8em; }}
+figure {{ display: inline-block; vertical-align: top; margin: 1em; max-width: calc(100% - 2em); }}
+img {{ display: block; max-width: 100%; height: auto; }}
 </style></head><body>
 <h1>Run comparison — {e(title_suffix(runs))}</h1>
 <p>Generated {e(time.strftime("%Y-%m-%d %H:%M:%S"))} by <code>repro compare</code>. Means are over
 logged steps; "projected" values come from the cost model, not from a measurement.</p>
-<table><thead><tr>{head}</tr></thead><tbody>
-{body}</tbody></table>
+<div class="table"><table><thead><tr>{head}</tr></thead><tbody>
+{body}</tbody></table></div>
 {figures}{skipped}
 <h2>Runs</h2><ul>{sources}</ul>
 </body></html>

@@ -17,14 +17,15 @@ GROUPS = {
                 "test_allocations", "test_finite_fold", "test_thc_rng", "test_imports",
                 "test_context_workspace", "test_bench"),
     "figures": ("test_figures", "test_figures_sidco_dragonn", "test_verdicts", "test_compare",
-                "test_runs"),
+                "test_compare_page", "test_runs"),
 }
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 
 
 def pytest_collection_modifyitems(config, items):
     """Group markers (unit, kernels, figures; see GROUPS); GPU tests skip where no CUDA
-    device exists (CI is CPU-only); nothing else skips."""
+    device exists (CI is CPU-only), the compare page's browser tests where no Chromium is
+    installed (.ci/run installs it); nothing else skips."""
     for item in items:
         module = item.path.stem if hasattr(item, "path") else ""
         item.add_marker(getattr(pytest.mark, GROUP_OF.get(module, "unit")))
