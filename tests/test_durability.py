@@ -402,3 +402,22 @@ def test_nothing_starts_a_shell():
                 if k.arg == "shell" and not (isinstance(k.value, ast.Constant) and not k.value.value):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} shell=")
     assert offenders == []
+
+
+def test_native_cache_owned_or_writable_by_others_is_refused(tmp_path, monkeypatch):
+    """The C++ library is loaded into the process: a cache folder any user may write (or
+    one another user owns) is refused, naming it and the fix, before anything is built."""
+    from compressors.kernels import build
+
+    open_folder = tmp_path / "cache"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    monkeypatch.setenv("GRADCOMP_NATIVE_CACHE", str(open_folder))
+    with pytest.raises(RuntimeError, match="may be written by any user.*GRADCOMP_NATIVE_CACHE"):
+        build._build("c++")
+    assert list(open_folder.iterdir()) == []
+    open_folder.chmod(0o700)
+    if os.getuid() == 0:  # root can hand the folder to another user
+        os.chown(open_folder, 12345, 12345)
+        with pytest.raises(RuntimeError, match="belongs to user id 12345"):
+            build._build("c++")

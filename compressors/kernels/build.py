@@ -23,6 +23,7 @@ import hashlib
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -96,6 +97,19 @@ def compile_library(cxx: str, target: Path, source_dir: Path = SOURCE_DIR,
     raise RuntimeError("\n".join(errors))
 
 
+def check_owned(path: Path) -> None:
+    """Refuse a cache folder or library that another user owns or may write: the library
+    is loaded into this process, so whoever can replace it runs code here."""
+    st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        raise RuntimeError(f"{path} belongs to user id {st.st_uid}, not this user "
+                           f"({os.getuid()}); set GRADCOMP_NATIVE_CACHE to a folder of your own")
+    if st.st_mode & stat.S_IWOTH:
+        raise RuntimeError(f"{path} may be written by any user (mode {stat.filemode(st.st_mode)});"
+                           " remove that permission (chmod o-w) or set GRADCOMP_NATIVE_CACHE to "
+                           "a folder of your own")
+
+
 def _build(cxx: str) -> Path:
     source = b"".join((SOURCE_DIR / name).read_bytes() for name in SOURCES + HEADERS)
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True,
@@ -103,9 +117,11 @@ def _build(cxx: str) -> Path:
     key = hashlib.sha256(source + version.encode() + _cpu_signature().encode()
                          + " ".join(BASE_FLAGS).encode()).hexdigest()[:16]
     folder = cache_dir()
-    folder.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    check_owned(folder)
     target = folder / f"gradcomp_kernels_{ABI_VERSION}_{key}.so"
     if target.exists():
+        check_owned(target)
         return target
     # Built under a private name, then renamed: concurrent first uses (several ranks,
     # pytest workers) never load a half-written file.
