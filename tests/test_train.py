@@ -225,6 +225,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, compressor)
             assert torch.equal(x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.distributed
 def test_torchrun_relaunch_after_killed_rank(tmp_path, monkeypatch):
     """Rank 1 dies at step 3 under torchrun --max-restarts 1; the relaunched ranks resume
