@@ -307,8 +307,8 @@ class _SIDCo(ThresholdSparsifier):
             # exceeds the sample maximum, about mean·ln d, when d < 1/δ), so the tensor
             # would send nothing and its error-feedback residual grow without bound; its
             # largest value is sent instead (k = 1).
-            indices = torch.topk(acc.reshape(-1).abs(), k).indices.sort().values
-            threshold = float(acc.reshape(-1).abs()[indices].min())
+            top = torch.topk(acc.reshape(-1).abs(), k)
+            indices, threshold = top.indices.sort().values, float(top.values.min())
         self.report(ctx, stages=reported, threshold=threshold)
         if self.adaptive and self.ratio < self.first_stage_ratio:  # lines 4-7
             self._adapt(state, fitted / k)
