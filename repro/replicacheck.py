@@ -20,6 +20,18 @@ SPARSE = ("topk", "randomk", "dgc", "redsync", "gaussianksgd", "sidco_e", "sidco
           "mstopk", "hard_threshold", "dragonn", "deft", "cltk")
 
 
+DENSE = ("none", "fp16", "qsgd", "terngrad", "signsgd", "efsignsgd", "powersgd", "thc",
+         "thc_uniform")
+
+
+def hook_params(name: str, ratio: float) -> dict:
+    """The parameters a compressor is built with here: hard_threshold's λ, the ratio δ of
+    the other sparsifiers, none for the dense compressors."""
+    if name == "hard_threshold":
+        return {"lam": 1.0}
+    return {} if name in DENSE else {"ratio": ratio}
+
+
 def mlp(params: int):
     """An MLP of about `params` parameters (four square layers and a head)."""
     import torch
@@ -45,8 +57,7 @@ def _rank(rank: int, world: int, names: list[str], device: str, steps: int, para
         model, width = mlp(params)
         model = model.to(device)
         ddp = DDP(model)
-        kwargs = {"lam": 1.0} if name == "hard_threshold" else {"ratio": ratio}
-        state, hook = repro.hooks.make(name, model=ddp, **kwargs)
+        state, hook = repro.hooks.make(name, model=ddp, **hook_params(name, ratio))
         ddp.register_comm_hook(state, hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         g = torch.Generator().manual_seed(rank)

@@ -29,10 +29,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 import repro.hooks
 from repro.bench import parse_size
-from repro.replicacheck import mlp
-
-
-DENSE = ("thc", "thc_uniform", "fp16", "qsgd", "terngrad", "signsgd", "efsignsgd", "powersgd")
+from repro.replicacheck import hook_params, mlp
 
 
 def _build(name: str, params: int, ratio: float, device: str):
@@ -41,10 +38,8 @@ def _build(name: str, params: int, ratio: float, device: str):
     ddp = DDP(model)
     if name != "none":
         name, _, granularity = name.partition("@")
-        kwargs = ({"lam": 1.0} if name == "hard_threshold" else {} if name in DENSE
-                  else {"ratio": ratio})
         state, hook = repro.hooks.make(name, model=ddp, granularity=granularity or "default",
-                                       **kwargs)
+                                       **hook_params(name, ratio))
         ddp.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     return ddp, opt, width
