@@ -112,6 +112,16 @@ def test_stats_match_float64_torch(n):
     assert kernels.count(x, t, strict=True) == above.numel()
 
 
+@pytest.mark.parametrize("n", [1, 4097, 80_001])
+def test_l2_norm_is_the_float64_norm_without_overflow(n):
+    # 1e25² overflows float32: the squares must be added in float64
+    x = _laplace(n, seed=n + 7) * 1e25
+    got = kernels.l2_norm(x)
+    assert got.dtype == torch.float64 and got.shape == (1,) and got.device == x.device
+    assert float(got) == pytest.approx(float(torch.linalg.vector_norm(x.double())), rel=1e-12)
+    assert float(kernels.l2_norm(torch.zeros(n))) == 0.0
+
+
 @pytest.mark.parametrize("n", [1, 1000, 300_001])
 def test_sample_abs_reads_the_counter_stream_positions(n):
     x = _laplace(n, seed=5) * torch.where(torch.arange(n) % 2 == 0, 1.0, -1.0)

@@ -316,3 +316,16 @@ def test_cuda_compactions_in_one_pass_equal_nonzero():
     want = torch.nonzero(a >= t[2]).squeeze(1)
     assert total == want.numel() > 0
     assert torch.equal(out.positions[:total], want) and torch.equal(out.values[:total], acc[want])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("n", [1, 1_000_003, 1 << 27])
+def test_cuda_l2_norm_is_the_float64_norm_and_stays_on_the_device(n):
+    from compressors.kernels import ops
+
+    x = (_laplace(n, seed=n % 997) * 1e22).cuda()  # its squares overflow float32
+    got = ops.l2_norm(x)
+    assert got.device == x.device and got.dtype == torch.float64 and got.shape == (1,)
+    want = float(torch.linalg.vector_norm(x, dtype=torch.float64))
+    assert float(got) == pytest.approx(want, rel=1e-12)
+    assert torch.equal(ops.l2_norm(x), got)  # the same bits each call

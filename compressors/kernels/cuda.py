@@ -481,6 +481,16 @@ def stats(x: torch.Tensor, above: float | None = None, shift: float = 0.0,
     return reduce_stats(stats_partials(x, above, shift, squares, extremes, logs, nonzeros))
 
 
+def l2_norm(x: torch.Tensor) -> torch.Tensor:
+    """||x||₂ as a 1-element float64 tensor on x's device: Σx² in float64 over fixed blocks,
+    added in program order (the same bits on every rank for the same x), one read of x
+    and no synchronisation with the host."""
+    part = stats_partials(x, squares=True)
+    out = torch.empty(8, dtype=torch.float64, device=x.device)
+    _stats_final_kernel[(1,)](part, part.shape[1], out, R=2048, num_warps=8)
+    return out[2:3].sqrt()
+
+
 def reduce_stats(part: torch.Tensor) -> tuple:
     """`stats`' 7 results from per-program partials (7 × programs, float64, as
     stats_partials writes them), added in program order on the device, then copied to the

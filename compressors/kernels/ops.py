@@ -359,11 +359,14 @@ def fwht_(x: torch.Tensor, normalize: bool = True) -> torch.Tensor:
 
 
 def l2_norm(x: torch.Tensor) -> torch.Tensor:
-    """||x||₂ as a 1-element float64 tensor (no overflow of the norm): one native read pass
-    where the library takes x (Σx² in double over fixed blocks, independent of the thread
-    count), else torch's float64 vector_norm; the two may differ in the last bits."""
+    """||x||₂ as a 1-element float64 tensor on x's device (no overflow of the norm): one
+    fused read pass where the kernels take x (Σx² in double over fixed blocks, independent
+    of the thread count), else torch's float64 vector_norm (which on CUDA first converts x
+    to float64: about six reads' time); they may differ in the last bits."""
     if supports_cpu(x):
         return torch.tensor([math.sqrt(cpu.stats(x, squares=True).sumsq)], dtype=torch.float64)
+    if supports_cuda(x):
+        return _cuda().l2_norm(x)
     return torch.linalg.vector_norm(x, dtype=torch.float64).reshape(1)
 
 
