@@ -24,7 +24,10 @@ each ("figure 3/13: sidco-fig16 (estimated 70 s, 212 s elapsed)"), the estimates
 from recorded run times on this kind of machine (`estimate_seconds`).
 
 Sizes: "full" is the figure as this suite reproduces it on a 2-core CPU; "smoke" is a
-tiny variant run by CI (seconds) so the pipeline cannot rot.
+tiny variant run by CI (seconds) so the pipeline cannot rot; "long" (training figures
+only, the extended set) trains long enough for the convergence claims to be judged on
+the stand-ins: at least a tenth of the paper's steps. A long run writes to
+outputs/long/<id>/ and publishes to results/long/<id>/.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ from typing import Any
 
 from repro.runs import fmt
 
-SIZES = ("smoke", "full")
+SIZES = ("smoke", "full", "long")
+REQUIRED_SIZES = ("smoke", "full")  # every figure has these; "long" only the extended set
 VERDICTS = ("holds", "does not hold", "inconclusive", "not comparable")
 KINDS = ("benchmark", "training", "analysis")
 PAPERS = ("sidco", "dragonn", "deft", "thc")
@@ -65,11 +69,18 @@ def default_outputs_root() -> Path:
 
 def outputs_dir(figure_id: str, size: str, out_root: Path | str | None = None) -> Path:
     """The folder a run of `figure_id` writes to: <out_root>/<id>/ when a root is given,
-    else outputs/<id>/ (full) or outputs/smoke/<id>/ (smoke)."""
+    else outputs/<id>/ (full), outputs/smoke/<id>/ or outputs/long/<id>/."""
     if out_root is not None:
         return Path(out_root) / figure_id
     root = default_outputs_root()
-    return (root / "smoke" if size == "smoke" else root) / figure_id
+    return (root if size == "full" else root / size) / figure_id
+
+
+def published_root(root: Path | str | None, size: str) -> Path:
+    """Where the published results of a size live: <root>/ for full (and smoke, which
+    only reads the full ones), <root>/long/ for the extended set's long runs."""
+    base = Path(root) if root is not None else default_results_root()
+    return base / "long" if size == "long" else base
 
 
 # -- the verdict rules ----------------------------------------------------------------------
@@ -319,9 +330,16 @@ class Figure:
             raise ValueError(f"figure {self.id!r}: paper {self.paper!r} not in {PAPERS}")
         if self.kind not in KINDS:
             raise ValueError(f"figure {self.id!r}: kind {self.kind!r} not in {KINDS}")
-        missing = [s for s in SIZES if s not in self.est_seconds]
+        missing = [s for s in REQUIRED_SIZES if s not in self.est_seconds]
         if missing:
             raise ValueError(f"figure {self.id!r}: est_seconds lacks {missing}")
+        unknown = [s for s in self.est_seconds if s not in SIZES]
+        if unknown:
+            raise ValueError(f"figure {self.id!r}: est_seconds has unknown sizes {unknown}")
+
+    @property
+    def sizes(self) -> tuple[str, ...]:
+        return tuple(s for s in SIZES if s in self.est_seconds)
 
 
 _FIGURES: dict[str, Figure] = {}
@@ -343,6 +361,11 @@ def figure(*, id: str, paper: str, title: str, kind: str, hardware: str, expecte
 
 def registered(pattern: str = "*") -> list[str]:
     return sorted(n for n in _FIGURES if fnmatch.fnmatchcase(n, pattern))
+
+
+def extended_set() -> list[str]:
+    """The figures with a long variant (`repro figure --extended`)."""
+    return [f for f in registered() if "long" in _FIGURES[f].est_seconds]
 
 
 def get(figure_id: str) -> Figure:
@@ -738,10 +761,10 @@ def run_figure(figure_id: str, size: str = "full", out_root: Path | str | None =
     if size not in SIZES:
         raise ValueError(f"size={size!r} is not allowed; use one of {SIZES}")
     fig = get(figure_id)
+    check_size(fig, size)
     out_dir = outputs_dir(fig.id, size, out_root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    published_root = Path(results_root) if results_root is not None else default_results_root()
-    published = read_status(fig.id, published_root)
+    published = read_status(fig.id, published_root(results_root, size))
     if published is not None and published.get("size") != size:
         published = None
     load_before = load_average()
@@ -781,10 +804,19 @@ def run_figure(figure_id: str, size: str = "full", out_root: Path | str | None =
             say(f"    {r.setting} / {r.metric}: published {p}, here {r.verdict} "
                 f"({_value_text(asdict(r))})")
     if publish_to is not None:
-        written = publish(fig.id, out_dir, Path(publish_to))
-        say(f"  published to {Path(publish_to) / fig.id}: "
+        to = published_root(publish_to, size)
+        written = publish(fig.id, out_dir, to)
+        say(f"  published to {to / fig.id}: "
             + (f"{len(written)} file(s) changed" if written else "nothing changed"))
     return rows
+
+
+def check_size(fig: Figure, size: str) -> None:
+    """Refuse a size the figure has no variant of, naming those it has."""
+    if size not in fig.est_seconds:
+        raise ValueError(
+            f"figure {fig.id} has no {size} variant (it has: {', '.join(fig.sizes)}); "
+            f"the figures with a long variant (the extended set): {', '.join(extended_set())}")
 
 
 def estimate_seconds(figure_id: str, size: str, out_root: Path | str | None = None,
@@ -799,7 +831,7 @@ def estimate_seconds(figure_id: str, size: str, out_root: Path | str | None = No
         kind = _machine_kind()
     candidates = []
     mine = read_status(figure_id, folder=outputs_dir(figure_id, size, out_root))
-    pub = read_status(figure_id, Path(results_root) if results_root else None)
+    pub = read_status(figure_id, published_root(results_root, size))
     for where, st in (("this machine's last run", mine), ("published run", pub)):
         info = run_info(st)
         # Older records do not say whether training runs were skipped: trust them only
@@ -813,7 +845,7 @@ def estimate_seconds(figure_id: str, size: str, out_root: Path | str | None = No
             return float(run_info(st)["elapsed_s"]), f"{where}, same machine kind"
     for where, st in candidates:
         return float(run_info(st)["elapsed_s"]), f"{where}, another machine"
-    return float(fig.est_seconds[size]), "built-in estimate"
+    return float(fig.est_seconds.get(size, fig.est_seconds["full"])), "built-in estimate"
 
 
 _KIND: str | None = None
@@ -848,6 +880,8 @@ def run_figures(ids: Sequence[str], size: str = "full", out_root: Path | str | N
                 clock: Callable[[], float] = time.time) -> list[str]:
     """Run several figures, one progress line before each; a figure that fails does not
     stop the rest. Returns the ids that failed."""
+    for fid in ids:  # before any work: a figure without this size stops the whole set
+        check_size(get(fid), size)
     estimates = [estimate_seconds(fid, size, out_root, results_root)[0] for fid in ids]
     started = clock()
     failed = []
@@ -926,6 +960,22 @@ def results_readme(root: Path | None = None) -> str:
         verdict_text = st["summary"] if st else "—"
         lines.append(f"| [{fid}]({fid}/comparison.md) | {fig.paper} | {fig.title} | "
                      f"{status_line(fid, root)} | {verdict_text} |")
+    long_root = published_root(root, "long")
+    lines += [
+        "",
+        "## The extended set (long training runs)",
+        "",
+        "`scripts/repro_figure.sh --set extended` runs the training figures' long variants,",
+        "long enough (at least a tenth of the paper's steps) for the convergence claims to be",
+        "judged on the stand-ins; published in long/<figure>/.",
+        "",
+        "| figure | status | verdict |",
+        "|---|---|---|",
+    ]
+    for fid in extended_set():
+        st = read_status(fid, long_root)
+        lines.append(f"| [{fid}](long/{fid}/comparison.md) | {status_line(fid, long_root)} | "
+                     f"{st['summary'] if st else '—'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -61,8 +61,15 @@ CONVERGENCE = {
     "smoke": {
         "movielens_ncf": {"steps": 3, "batch": 64, "eval_every": 0, "eval_batches": 1},
     },
+    # The extended set: a tenth of PAPER_STEPS or more, so that the convergence claims are
+    # judged (on the stand-ins) rather than "too few steps"; evaluations on 10 batches.
+    "long": {
+        "cifar10_resnet18": {"steps": 300, "batch": 4, "eval_every": 50, "eval_batches": 10},
+        "wikitext2_lstm": {"steps": 500, "batch": 2, "eval_every": 50, "eval_batches": 10},
+        "movielens_ncf": {"steps": 900, "batch": 256, "eval_every": 100, "eval_batches": 10},
+    },
 }
-CONVERGENCE_WORKERS = {"full": 16, "smoke": 4}
+CONVERGENCE_WORKERS = {"full": 16, "smoke": 4, "long": 16}
 # Lower bounds on the paper's training length in steps, for the "too few steps" rule:
 # epochs × training examples / (16 workers × a generous per-worker batch). ResNet-18:
 # 200 epochs × 50,000 images / (16 × 256); LSTM: 90 epochs × 2.09M WikiText-2 tokens /
@@ -415,7 +422,7 @@ TRAIN_HARDWARE = "16 V100 GPUs (4 nodes × 4), NCCL; ResNet-18/CIFAR-10, LSTM/Wi
     hardware=TRAIN_HARDWARE,
     expected="every sparsifier reaches the non-sparsified convergence point; Top-k converges "
              "fastest of the three, DEFT and CLT-k somewhat slower",
-    est_seconds={"smoke": 30, "full": 980},
+    est_seconds={"smoke": 30, "full": 980, "long": 2400},
     experiment="deft-fig3",
 )
 def deft_fig3(ctx: Context) -> list[Row]:
@@ -441,9 +448,11 @@ def deft_fig3(ctx: Context) -> list[Row]:
         for a in axes[:, j]:
             a.grid(alpha=0.3)
             a.legend(fontsize=7)
+    length = ("far from convergence" if ctx.size != "long" else
+              ", ".join(f"{CONVERGENCE['long'][w]['steps']} steps" for w in wls))
     fig.suptitle(f"DEFT Fig. 3 reproduced ({ctx.size}): {CONVERGENCE_WORKERS[ctx.size]} simulated "
                  "workers on CPU, small models on stand-in data (Fashion-MNIST, Austen/Shakespeare "
-                 "text, ML-100K), far from convergence", fontsize=9)
+                 f"text, ML-100K), {length}", fontsize=9)
     ctx.save_plot(fig, "convergence")
 
     out: list[Row] = []
@@ -451,16 +460,17 @@ def deft_fig3(ctx: Context) -> list[Row]:
         finals = {c: data[(w, c)].final_eval for c in comps}
         metric = data[(w, comps[0])].metric or "metric"
         sparse = [c for c in SPARSIFIERS if c in finals and finals[c] is not None]
-        # Convergence rate after a short run: the training loss over the last 5 steps (the
-        # few evaluations of a run this short are within noise of each other).
-        tail = {c: statistics.fmean(data[(w, c)].series("loss")[1][-5:]) for c in sparse}
+        # Convergence rate: the training loss over the last tenth of the steps, at least 5
+        # (the few evaluations of a short run are within noise of each other).
+        last = max(5, data[(w, comps[0])].steps // 10)
+        tail = {c: statistics.fmean(data[(w, c)].series("loss")[1][-last:]) for c in sparse}
         best = min(sparse, key=lambda c: tail[c]) if sparse else None
         steps = data[(w, comps[0])].steps
         short = too_few_steps(steps, PAPER_STEPS[w])
-        out.append(judge(f"{WORKLOADS[w]['label']}", "training loss, last 5 steps, Top-k", None,
-                         tail.get("topk"),
+        out.append(judge(f"{WORKLOADS[w]['label']}", f"training loss, last {last} steps, Top-k",
+                         None, tail.get("topk"),
                          claim="Top-k converges fastest of the three sparsifiers (checked: the "
-                               "lowest training loss over the last 5 steps)",
+                               f"lowest training loss over the last {last} steps)",
                          holds=None if best is None or len(sparse) < 3 else best == "topk",
                          rule_name=short,
                          detail=f"lowest here: {LABELS.get(best, best)} ("
@@ -471,13 +481,16 @@ def deft_fig3(ctx: Context) -> list[Row]:
                                 + f"); paper: at least {PAPER_STEPS[w]:,} steps; "
                                 + _scale_note(ctx, w)))
         base = finals.get("none")
+        higher = data[(w, comps[0])].higher_is_better
         for c in sparse:
             gap = None if base in (None, 0) else finals[c] / base
+            worse = None if gap is None else (1 - gap if higher else gap - 1)
             out.append(judge(f"{WORKLOADS[w]['label']}", f"final eval {metric}, {LABELS[c]} / "
                              "non-sparsified", 1.0, gap,
                              claim="every sparsifier reaches the non-sparsified convergence "
-                                   "point after full training",
-                             holds=None, rule_name=short or "too few steps",
+                                   "point (checked: final evaluation within 10% after the same "
+                                   "steps)",
+                             holds=None if worse is None else worse <= 0.10, rule_name=short,
                              detail=f"ratio after {steps} steps {fmt(gap, '.3g', 'n/a')}; paper: "
                                     f"at least {PAPER_STEPS[w]:,} steps; " + _scale_note(ctx, w)))
     return out
@@ -492,7 +505,7 @@ def deft_fig3(ctx: Context) -> list[Row]:
     hardware=TRAIN_HARDWARE,
     expected="Top-k's actual density reaches 13.59×/14.18×/5.31× the set density (CV/LM/NCF) "
              "at 16 GPUs while DEFT and CLT-k stay at the set density (DEFT NCF mean 0.1003)",
-    est_seconds={"smoke": 15, "full": 60},  # reading deft-fig3's runs
+    est_seconds={"smoke": 15, "full": 60, "long": 30},  # reading deft-fig3's runs
     experiment="deft-fig4",
 )
 def deft_fig4(ctx: Context) -> list[Row]:
@@ -538,7 +551,7 @@ def deft_fig4(ctx: Context) -> list[Row]:
     hardware=TRAIN_HARDWARE,
     expected="owing to gradient build-up, Top-k's error (the residual norm) is considerably "
              "lower than DEFT's and CLT-k's throughout training",
-    est_seconds={"smoke": 15, "full": 60},  # reading deft-fig3's runs
+    est_seconds={"smoke": 15, "full": 60, "long": 30},  # reading deft-fig3's runs
     experiment="deft-fig5",
 )
 def deft_fig5(ctx: Context) -> list[Row]:
@@ -654,7 +667,7 @@ def deft_fig7(ctx: Context) -> list[Row]:
     kind="training",
     hardware="2–16 V100 GPUs, LSTM / WikiText-2, 90 epochs",
     expected="at every scale DEFT eventually reaches the non-sparsified test perplexity",
-    est_seconds={"smoke": 15, "full": 120},  # with deft-fig3's runs present
+    est_seconds={"smoke": 15, "full": 120, "long": 400},  # with deft-fig3's runs present
     experiment="deft-fig10",
 )
 def deft_fig10(ctx: Context) -> list[Row]:

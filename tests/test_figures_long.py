@@ -1,0 +1,129 @@
+"""The extended set: the training figures' long variants (size "long"), where they write,
+what refuses them, and that their convergence claims are judged rather than left "too few
+steps"."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from repro import figures
+from repro.figures import base, deft
+
+figures.load_all()
+
+
+def _fake_figure(fid: str, sizes: dict[str, float]) -> base.Figure:
+    def produce(ctx):
+        return [base.judge("s", "m", 1.0, 1.0, claim="c", holds=True)]
+
+    return base.Figure(fid, "deft", "a test figure", "training", "none", "claim", sizes, produce)
+
+
+def test_the_extended_set_is_the_figures_with_a_long_variant():
+    ext = base.extended_set()
+    assert {"deft-fig3", "deft-fig4", "deft-fig5", "deft-fig10"} <= set(ext)
+    for fid in ext:
+        fig = figures.get(fid)
+        assert fig.kind == "training" and fig.sizes == ("smoke", "full", "long")
+    assert figures.get("sidco-fig16").sizes == ("smoke", "full")
+
+
+@pytest.mark.parametrize("workload", sorted(deft.CONVERGENCE["long"]))
+def test_long_runs_are_long_enough_for_the_step_rule(workload):
+    steps = deft.CONVERGENCE["long"][workload]["steps"]
+    assert base.too_few_steps(steps, deft.PAPER_STEPS[workload]) is None
+    # ... while the full variant's runs are not (that is why the extended set exists)
+    assert base.too_few_steps(deft.CONVERGENCE["full"][workload]["steps"],
+                              deft.PAPER_STEPS[workload]) == "too few steps"
+
+
+def test_a_set_with_a_figure_without_the_size_is_refused_before_any_work(tmp_path):
+    with pytest.raises(ValueError, match=r"sidco-fig16 has no long variant.*extended set\): .*deft-fig3"):
+        base.run_figures(["deft-fig4", "sidco-fig16"], size="long", out_root=tmp_path,
+                         say=lambda m: None, results_root=tmp_path / "r")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_figure_without_a_smoke_or_full_variant_is_not_registered():
+    with pytest.raises(ValueError, match="lacks"):
+        _fake_figure("zz-x", {"full": 1.0, "long": 1.0})
+    with pytest.raises(ValueError, match="unknown sizes"):
+        _fake_figure("zz-x", {"smoke": 1.0, "full": 1.0, "huge": 1.0})
+
+
+def test_long_runs_write_and_publish_beside_the_full_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADCOMP_OUTPUTS", str(tmp_path / "outputs"))
+    monkeypatch.setitem(base._FIGURES, "zz-long",
+                        _fake_figure("zz-long", {"smoke": 1, "full": 1, "long": 5}))
+    assert base.outputs_dir("zz-long", "long") == tmp_path / "outputs" / "long" / "zz-long"
+    results = tmp_path / "results"
+    base.run_figure("zz-long", size="long", say=lambda m: None, results_root=results,
+                    publish_to=results, calibrate=False)
+    status = json.loads((results / "long" / "zz-long" / "status.json").read_text())
+    assert status["size"] == "long"
+    assert not (results / "zz-long").exists()  # the full variant's published folder
+    assert (tmp_path / "outputs" / "long" / "zz-long" / "comparison.md").exists()
+    # the long run's estimate comes from its own record, not from the full variant's
+    assert base.estimate_seconds("zz-long", "long", results_root=results)[1].startswith(
+        "this machine's last run")
+    text = base.results_readme(results)
+    assert "## The extended set" in text
+    assert "[zz-long](long/zz-long/comparison.md)" in text
+
+
+def test_deft_fig3_judges_convergence_in_its_long_variant(tmp_path, monkeypatch):
+    """With runs of at least a tenth of the paper's steps, "every sparsifier reaches the
+    non-sparsified point" is checked on the data (holds or does not hold), where the full
+    variant leaves it "not comparable: too few steps"."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setitem(deft.CONVERGENCE, "long", {
+        "movielens_ncf": {"steps": 12, "batch": 64, "eval_every": 6, "eval_batches": 1}})
+    monkeypatch.setitem(deft.CONVERGENCE_WORKERS, "long", 2)
+    monkeypatch.setitem(deft.PAPER_STEPS, "movielens_ncf", 100)
+    rows = base.run_figure("deft-fig3", size="long", out_root=tmp_path, say=lambda m: None,
+                           results_root=tmp_path / "none", calibrate=False)
+    finals = [r for r in rows if r.metric.startswith("final eval")]
+    assert len(finals) == len(deft.SPARSIFIERS)
+    for r in finals:
+        assert r.rule == base.CHECKED and r.verdict in ("holds", "does not hold"), r
+        assert (r.verdict == "holds") == (abs(r.reproduced - 1.0) <= 0.10 or r.reproduced > 1)
+    status = json.loads((tmp_path / "deft-fig3" / "status.json").read_text())
+    assert status["size"] == "long"
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--set", "extended"], ["--extended"]),
+    (["--set", "default"], ["--default"]),
+    (["deft-fig10", "--size", "long"], ["deft-fig10", "--size", "long"]),
+])
+def test_the_script_names_its_sets(tmp_path, argv, expected):
+    fake = tmp_path / "bin" / "repro"
+    fake.parent.mkdir()
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    script = base.repo_root() / "scripts" / "repro_figure.sh"
+    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:-1] == ["figure", *expected]
+
+
+@pytest.mark.parametrize("argv, message", [(["--set", "huge"], "unknown set 'huge'"),
+                                           (["--set"], "--set needs a name")])
+def test_the_script_refuses_an_unknown_set(argv, message):
+    script = base.repo_root() / "scripts" / "repro_figure.sh"
+    done = subprocess.run(["bash", str(script), *argv], capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert done.returncode == 2 and message in done.stderr
+
+
+def test_the_command_line_refuses_extended_with_smoke(capsys):
+    from repro.cli import main
+
+    assert main(["figure", "--extended", "--size", "smoke"]) != 0
+    assert "--extended runs the long variants" in capsys.readouterr().err
