@@ -127,3 +127,26 @@ def test_the_command_line_refuses_extended_with_smoke(capsys):
 
     assert main(["figure", "--extended", "--size", "smoke"]) != 0
     assert "--extended runs the long variants" in capsys.readouterr().err
+
+
+def test_thc_fig8_long_runs_pass_the_step_rule_at_every_scale():
+    from repro.figures import thc
+
+    for n, paper in thc.FIG8_PAPER_STEPS.items():
+        assert base.too_few_steps(thc.FIG8_LONG_STEPS[n], paper) is None
+
+
+def test_thc_fig8_judges_final_accuracy_in_its_long_variant(tmp_path, monkeypatch):
+    from repro.figures import thc
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.setattr(thc, "FIG8_LONG_STEPS", {4: 4, 10: 3, 30: 2})
+    monkeypatch.setattr(thc, "FIG8_PAPER_STEPS", {4: 40, 10: 30, 30: 20})
+    monkeypatch.setattr(base.Context, "reference_value", lambda self, setting, metric: None)
+    rows = base.run_figure("thc-fig8", size="long", out_root=tmp_path, say=lambda m: None,
+                           results_root=tmp_path / "none", calibrate=False)
+    finals = [r for r in rows if r.metric == "final accuracy THC − no compression"]
+    assert len(finals) == 3
+    for r in finals:
+        assert r.rule == base.CHECKED and r.verdict == ("holds" if r.reproduced >= -0.02
+                                                        else "does not hold")
