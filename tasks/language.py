@@ -80,6 +80,11 @@ class _LSTMTask(Task):
     }
     hf_text: ClassVar[str] = "text"
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        # the only column a text task reads is its text column: hf_columns follows hf_text
+        super().__init_subclass__(**kwargs)
+        cls.hf_columns = (cls.hf_text,)
+
     def corpus(self) -> D.Corpus:
         raise NotImplementedError
 
@@ -201,7 +206,6 @@ class PTBLSTM(_LSTMTask):
     )
     paper_vocab = 10_000
     hf_text = "sentence"
-    hf_columns = ("sentence",)
     # The Hub's ptb_text_only is a loading script, which datasets 4 and later do not run.
     hf_hint = (
         "If load_dataset refuses the data set's loading script (datasets >= 4 runs none), "
@@ -268,7 +272,6 @@ class WikiText2LSTM(_LSTMTask):
     paper_param_count = None  # DEFT gives none; ours with the 33,278-word vocabulary: 31,819,578
     paper_vocab = 33_278  # WikiText-2's vocabulary size, <eos> included
     hf_text = "text"
-    hf_columns = ("text",)
 
     def __init__(
         self,

@@ -471,3 +471,14 @@ def test_malformed_copies_name_what_is_missing(tmp_path):
     wrong_column = _save_lines(tmp_path / "wiki", WIKI_LINES, "line", line_features)
     with pytest.raises(ValueError, match=r"lacks column\(s\) text \(it has line\)"):
         tasks.build_task("wikitext2_lstm", data="hf", data_root=str(wrong_column))
+
+
+def test_a_text_task_reads_its_text_column_only():
+    from tasks import language
+
+    class Subtitles(language.WikiText2LSTM):
+        hf_text = "line"
+
+    assert Subtitles.hf_columns == ("line",)
+    assert language.PTBLSTM.hf_columns == ("sentence",)
+    assert language.WikiText2LSTM.hf_columns == ("text",)
