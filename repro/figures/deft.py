@@ -64,7 +64,7 @@ CONVERGENCE = {
     # The extended set: a tenth of PAPER_STEPS or more, so that the convergence claims are
     # judged (on the stand-ins) rather than "too few steps"; evaluations on 10 batches.
     "long": {
-        "cifar10_resnet18": {"steps": 300, "batch": 4, "eval_every": 50, "eval_batches": 10},
+        "cifar10_resnet18": {"steps": 1000, "batch": 4, "eval_every": 100, "eval_batches": 10},
         "wikitext2_lstm": {"steps": 500, "batch": 2, "eval_every": 50, "eval_batches": 10},
         "movielens_ncf": {"steps": 900, "batch": 256, "eval_every": 100, "eval_batches": 10},
     },
