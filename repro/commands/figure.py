@@ -77,9 +77,8 @@ def run(args) -> int:
                   f"{long_text:>10}  {default}{base.status_line(fid, results_root)}")
         print(f"* in the default set (scripts/repro_figure.sh with no argument): about "
               f"{total / 60:.1f} min in all")
-        print(f"the extended set (scripts/repro_figure.sh --set extended; figures with a long "
-              f"estimate): about {total_long / 60:.0f} min, shared training runs counted once "
-              "per figure")
+        print(f"the extended set (scripts/repro_figure.sh --set extended: the long variants): "
+              f"about {total_long / 60:.0f} min in all")
         print("(?) no run recorded on this machine kind: a run elsewhere, or the built-in estimate")
         return 0
     if args.readme:
