@@ -1,4 +1,5 @@
-"""Encode times of two revisions of the whole package, alternated in separate processes.
+"""Encode and decode times of two revisions of the whole package, alternated in separate
+processes.
 
     python benchmarks/kernels/bench_revisions_ab.py --old-rev HEAD~1 [--new-rev HEAD]
         [--compressor sidco_e,sidco_gp,sidco_p] [--numel 26M] [--steps 23] [--rounds 3]
@@ -8,8 +9,9 @@ Each revision is checked out into a temporary git worktree, and each round runs 
 per revision (the order alternating from round to round) that builds or loads that
 revision's library, compresses the same Laplace tensor with a single-worker Session per
 compressor (no error feedback, no NaN/Inf check, as `repro bench` times encoders) and
-reports the median encode time of the steps after the first three, with the floor (a sum
-of a precomputed |x|) timed between the steps."""
+reports the median encode and decode times of the steps after the first three, with the
+floor (a sum of a precomputed |x|) timed between the steps. At the end, per compressor, the
+new/old ratio of each median: its median over the rounds and its range."""
 
 from __future__ import annotations
 
@@ -39,15 +41,17 @@ steps, out = int(sys.argv[3]), {}
 for name in sys.argv[1].split(","):
     session = Session(compressors.build(name, ratio=0.001), rank=0, world_size=1,
                       feedback="none", seed=0, check_finite=False, measure=False)
-    encode, floor = [], []
+    encode, decode, floor = [], [], []
     for step in range(steps):
-        _, seconds, _ = exchange_once(session, x, step, out=dest)
+        _, seconds, back = exchange_once(session, x, step, out=dest)
         t0 = time.perf_counter()
         torch.sum(magnitudes)
         floor.append(time.perf_counter() - t0)
         if step >= 3:
             encode.append(seconds)
+            decode.append(back)
     out[name] = {"encode_ms": 1e3 * statistics.median(encode),
+                 "decode_ms": 1e3 * statistics.median(decode),
                  "floor_ms": 1e3 * statistics.median(floor)}
 print(json.dumps(out))
 """
@@ -93,16 +97,28 @@ def main() -> None:
                     row[key] = json.loads(done.stdout.strip().splitlines()[-1])
                 rounds.append(row)
                 print(f"round {r + 1}: " + "; ".join(
-                    f"{name} {row['old'][name]['encode_ms']:.2f} -> "
-                    f"{row['new'][name]['encode_ms']:.2f} ms (floor "
-                    f"{row['old'][name]['floor_ms']:.2f} / {row['new'][name]['floor_ms']:.2f})"
+                    f"{name} encode {row['old'][name]['encode_ms']:.2f} -> "
+                    f"{row['new'][name]['encode_ms']:.2f} ms, decode "
+                    f"{row['old'][name]['decode_ms']:.2f} -> {row['new'][name]['decode_ms']:.2f}"
+                    f" ms (floor {row['old'][name]['floor_ms']:.2f} / "
+                    f"{row['new'][name]['floor_ms']:.2f})"
                     for name in row["old"]), flush=True)
         finally:
             for tree in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
-                               capture_output=True)
+                               capture_output=True, check=False)
+    summary = {}
+    for name in rounds[0]["old"]:
+        summary[name] = {}
+        for what in ("encode_ms", "decode_ms"):
+            ratios = sorted(row["new"][name][what] / row["old"][name][what] for row in rounds)
+            summary[name][what.replace("_ms", "_new_over_old")] = {
+                "median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1]}
+            print(f"{name} {what[:6]} new/old: median {ratios[len(ratios) // 2]:.3f} "
+                  f"(range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)} rounds)")
     if args.json:
         Path(args.json).write_text(json.dumps({**revs, "threads": args.threads,
+                                               "summary": summary,
                                                "numel": parse_size(args.numel),
                                                "steps": args.steps, "rounds": rounds},
                                               indent=2) + "\n")
