@@ -147,6 +147,29 @@ def test_thc_fig8_judges_final_accuracy_in_its_long_variant(tmp_path, monkeypatc
                            results_root=tmp_path / "none", calibrate=False)
     finals = [r for r in rows if r.metric == "final accuracy THC − no compression"]
     assert len(finals) == 3
-    for r in finals:
-        assert r.rule == base.CHECKED and r.verdict == ("holds" if r.reproduced >= -0.02
-                                                        else "does not hold")
+    for r in finals:  # judged on the interval of the last evaluations' differences
+        assert r.interval is not None and r.low <= r.reproduced <= r.high
+        want = ("holds" if r.low >= -0.02 else "does not hold" if r.high < -0.02
+                else "inconclusive")
+        assert r.verdict == want and r.rule in (base.CHECKED, base.WITHIN_NOISE)
+
+
+class _Evaluated:
+    def __init__(self, points):
+        self.points = points
+
+    def series(self, key):
+        return [s for s, _ in self.points], [v for _, v in self.points]
+
+
+def test_thc_fig8_compares_the_last_evaluations_paired_by_step():
+    from repro.figures import thc
+
+    a = _Evaluated([(10, 0.1), (20, 0.5), (30, 0.6), (40, 0.2), (50, 0.7), (60, 0.8), (70, 0.5)])
+    b = _Evaluated([(20, 0.4), (30, 0.6), (40, 0.6), (50, 0.6), (60, 0.7), (70, 0.6), (80, 0.9)])
+    gap, (low, high), steps = thc._last_evaluations_gap(a, b, "acc")
+    assert steps == [30, 40, 50, 60, 70]  # the last five both runs evaluated
+    # the differences 0.0, -0.4, 0.1, 0.1, -0.1: median 0, 10th-90th percentile -0.28-0.1
+    assert gap == pytest.approx(0.0)
+    assert low == pytest.approx(-0.28) and high == pytest.approx(0.1)
+    assert thc._last_evaluations_gap(a, _Evaluated([(5, 0.1)]), "acc") == (None, None, [])
