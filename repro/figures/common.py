@@ -11,6 +11,8 @@ percentile of samples, from repro.bench's interleaved rounds), `paired` (a ratio
 round by round), `lowest` / `highest` (over several settings), and for training runs
 `step_samples`, `pooled_steps` and `timing_ratio` (two runs' step times, with their
 timing repeats, step by step: the interval of a ratio of two runs' mean step times);
+`last_evaluations` (two runs' last evaluations compared step by step, for claims about
+where training ends up: one evaluation of a small model swings by tens of points);
 `errorbars` draws an interval on a plot. Numbers
 print with repro.runs.fmt.
 """
@@ -193,6 +195,23 @@ class Spread:
 def paired(num: Sequence[float], den: Sequence[float]) -> Spread:
     """The ratio num[r] / den[r] of two cells timed in the same interleaved rounds."""
     return Spread.of([a / b for a, b in zip(num, den) if b > 0])
+
+
+LAST_EVALUATIONS = 5
+
+
+def last_evaluations(a: Run, b: Run, key: str, how: Callable[[float, float], float],
+                     n: int = LAST_EVALUATIONS) -> tuple[Spread | None, list[int]]:
+    """how(a's value, b's value) of `key` at each of the last `n` steps both runs evaluated:
+    its Spread (median, 10th–90th percentile) and those steps; (None, []) without any."""
+    xa, ya = a.series(key)
+    xb, yb = b.series(key)
+    mine, theirs = dict(zip(xa, ya)), dict(zip(xb, yb))
+    steps = sorted(set(mine) & set(theirs))[-n:]
+    values = [how(mine[s], theirs[s]) for s in steps]
+    if not values or not any(np.isfinite(values)):
+        return None, []
+    return Spread.of(values), [int(s) for s in steps]
 
 
 def lowest(spreads: Iterable[Spread]) -> Spread:

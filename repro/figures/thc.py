@@ -15,21 +15,21 @@ the bytes each run really sent and the compute time measured here — labelled p
 from __future__ import annotations
 
 import math
-import statistics
 import tempfile
 from typing import Any
 
-from repro.bench import percentile
 from repro.figures.base import Context, Row, figure, judge, side, too_few_steps
 from repro.figures.common import (
+    LAST_EVALUATIONS,
     TIMING_REPEATS,
+    last_evaluations,
     model_gradients,
     pyplot,
     saved_source,
     timing_ratio,
     train_grid,
 )
-from repro.runs import Run, fmt, load_run
+from repro.runs import fmt, load_run
 
 # -- Fig. 2b: NMSE of Top-k 10 %, TernGrad and THC with 2 workers -------------------------
 
@@ -411,26 +411,6 @@ FIG8_PAPER_STEPS = {4: 3715, 10: 2503, 30: 1473}
 FIG8_LONG_STEPS = {n: math.ceil(0.1 * s) + 8 for n, s in FIG8_PAPER_STEPS.items()}
 
 
-# Fig. 8's final accuracies are compared over this many last evaluations, paired by step:
-# one evaluation of a small-batch model on a training subset swings by tens of points.
-LAST_EVALUATIONS = 5
-
-
-def _last_evaluations_gap(a: Run, b: Run, key: str
-                          ) -> tuple[float | None, tuple[float, float] | None, list[int]]:
-    """a − b over the last LAST_EVALUATIONS evaluations both runs made at the same steps:
-    (median, (10th, 90th percentile), the steps); (None, None, []) without any."""
-    xa, ya = a.series(key)
-    xb, yb = b.series(key)
-    mine, theirs = dict(zip(xa, ya)), dict(zip(xb, yb))
-    steps = sorted(set(mine) & set(theirs))[-LAST_EVALUATIONS:]
-    if not steps:
-        return None, None, []
-    diffs = sorted(mine[s] - theirs[s] for s in steps)
-    return (statistics.median(diffs), (percentile(diffs, 10), percentile(diffs, 90)),
-            [int(s) for s in steps])
-
-
 def _thc_train_common(ctx: Context, steps_full: int) -> tuple[list[str], int]:
     steps = 3 if ctx.smoke else steps_full
     every, batches = (0, 1) if ctx.smoke else (20, 5) if ctx.size == "long" else (10, 2)
@@ -504,15 +484,18 @@ def thc_fig8(ctx: Context) -> list[Row]:
         t = data[(n, "thc")].final_eval
         b = data[(n, "none")].final_eval
         reach[n] = data[(n, "thc")].steps_to(target)
-        gap, interval, points = _last_evaluations_gap(data[(n, "thc")], data[(n, "none")], key)
+        gap, points = last_evaluations(data[(n, "thc")], data[(n, "none")], key,
+                                       lambda x, y: x - y)
         paper_steps = ctx.reference_value(f"{n} workers", "steps to 95% train accuracy") or \
             FIG8_PAPER_STEPS[n]
         short = too_few_steps(steps_at[n], paper_steps)
-        out.append(judge(f"{n} workers", "final accuracy THC − no compression", 0.0, gap,
-                         claim="THC reaches the uncompressed accuracy (checked: the median "
-                               f"difference over the last {LAST_EVALUATIONS} evaluations at the "
-                               "same steps within 2 points, on its whole 10–90% interval)",
-                         interval=interval, threshold=-0.02, op=">=", rule_name=short,
+        out.append(judge(f"{n} workers", "final accuracy THC − no compression", 0.0,
+                         None if gap is None else gap.median,
+                         claim="THC reaches the uncompressed accuracy (checked: the difference "
+                               f"at each of the last {LAST_EVALUATIONS} evaluations, paired by "
+                               "step, within 2 points on its whole 10–90% interval)",
+                         interval=None if gap is None else gap.interval, threshold=-0.02,
+                         op=">=", rule_name=short,
                          detail=f"over the steps {points}; last evaluation THC "
                                 f"{fmt(t, '.3g', 'n/a')} vs {fmt(b, '.3g', 'n/a')} after "
                                 f"{steps_at[n]} steps (paper: {paper_steps:,.0f} steps to 95%); "
