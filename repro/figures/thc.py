@@ -480,6 +480,7 @@ def thc_fig8(ctx: Context) -> list[Row]:
              "to 95% train accuracy, thousands of steps)")
     out: list[Row] = []
     reach = {}
+    shorts = []
     for n in scales:
         t = data[(n, "thc")].final_eval
         b = data[(n, "none")].final_eval
@@ -489,6 +490,7 @@ def thc_fig8(ctx: Context) -> list[Row]:
         paper_steps = ctx.reference_value(f"{n} workers", "steps to 95% train accuracy") or \
             FIG8_PAPER_STEPS[n]
         short = too_few_steps(steps_at[n], paper_steps)
+        shorts.append(short)
         out.append(judge(f"{n} workers", "final accuracy THC − no compression", 0.0,
                          None if gap is None else gap.median,
                          claim="THC reaches the uncompressed accuracy (checked: the difference "
@@ -514,6 +516,7 @@ def thc_fig8(ctx: Context) -> list[Row]:
                          ctx.reference_value(f"{scales[0]} → {scales[-1]} workers", "step speed-up"),
                          sp, claim="more workers (larger global batch) reach the target in "
                                    "fewer steps (checked on this run's own target)", holds=ok,
+                         rule_name=next((r for r in shorts if r), None),
                          detail=f"steps {ordered} for n = {list(scales)}; " + scale, unit="x"))
     return out
 
