@@ -485,6 +485,7 @@ def _real_ranks(rank: int, world_size: int, steps: int) -> dict:
     return results
 
 
+@pytest.mark.distributed
 def test_simulated_and_real_gloo_ranks_agree():
     from repro.testing import run_ranks
 
