@@ -13,6 +13,7 @@ saying why.
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import shutil
 import subprocess
@@ -359,21 +360,32 @@ def test_no_token_from_the_environment_reaches_the_run_folder(tmp_path, monkeypa
             assert value.encode() not in data, f"{key} found in {path}"
 
 
-def _python_files() -> list[Path]:
+@functools.cache
+def _python_files() -> tuple[tuple[Path, str, ast.Module], ...]:
+    """(path, text, syntax tree) of the suite's own Python files, read and parsed once for
+    the checks below; the walk never descends into the skipped folders (.venv alone holds
+    tens of thousands of files)."""
     skip = {".venv", ".git", "build", "node_modules", "tests"}
-    return [p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts)]
+    found = []
+    for base, dirs, names in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if d not in skip)
+        for name in sorted(names):
+            if name.endswith(".py"):
+                path = Path(base, name)
+                text = path.read_text(encoding="utf-8")
+                found.append((path, text, ast.parse(text, str(path))))
+    return tuple(found)
 
 
 def test_every_torch_load_is_weights_only_or_says_why():
     """Each torch.load call in the suite's code passes weights_only=True, or the lines
     just above it carry a comment starting "weights_only=False:" that says why."""
     offenders = []
-    for path in _python_files():
-        text = path.read_text(encoding="utf-8")
+    for path, text, tree in _python_files():
         if "torch.load" not in text:
             continue
         lines = text.splitlines()
-        for node in ast.walk(ast.parse(text)):
+        for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "load" and isinstance(node.func.value, ast.Name)
                     and node.func.value.id == "torch"):
@@ -390,8 +402,7 @@ def test_nothing_starts_a_shell():
     """No subprocess call with shell=True, no os.system / os.popen: commands are argument
     lists, so no value from a config or the command line is ever parsed by a shell."""
     offenders = []
-    for path in _python_files():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
+    for path, _, tree in _python_files():
         for node in ast.walk(tree):
             if not isinstance(node, ast.Call):
                 continue

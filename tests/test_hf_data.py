@@ -284,19 +284,26 @@ def _squad_json(rows) -> dict:
     }
 
 
+# Windows a third of the smoke size's 192 tokens: a third of the tensors to build and
+# compare, and CTX2 still spans several windows (8 instead of 3).
+WINDOWS = {"max_seq_length": 64, "doc_stride": 16}
+
+
 def test_squad_from_a_saved_copy_matches_the_json_loader(tmp_path):
     train_rows = _squad_rows(1040)
     root = tmp_path / "squad"
     datasets.DatasetDict(
         {"train": _squad_dataset(train_rows), "validation": _squad_dataset(SQUAD_ROWS)}
     ).save_to_disk(str(root))
-    task = tasks.build_task("bert_squad", data="hf", data_root=str(root), batch_size=4)
+    task = tasks.build_task("bert_squad", data="hf", data_root=str(root), batch_size=4,
+                            hparams=WINDOWS)
     assert "SQuAD 1.1" in task.data_source
     jdir = tmp_path / "json"
     jdir.mkdir()
     (jdir / "train-v1.1.json").write_text(json.dumps(_squad_json(train_rows)))
     (jdir / "dev-v1.1.json").write_text(json.dumps(_squad_json(SQUAD_ROWS)))
-    canonical = tasks.build_task("bert_squad", data="canonical", data_root=str(jdir), batch_size=4)
+    canonical = tasks.build_task("bert_squad", data="canonical", data_root=str(jdir), batch_size=4,
+                                 hparams=WINDOWS)
     for split in ("train", "test"):
         got, want = task.features()[split], canonical.features()[split]
         assert set(got) == set(want)

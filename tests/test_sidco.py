@@ -95,12 +95,12 @@ def zero_heavy(kind: str, zeros: float, size: int = 100_000, workers: int = 4,
                steps: int = 20, seed: int = 0):
     """Per-step gradient lists of a synthetic source whose coordinates at a fixed set of
     round(zeros·size) positions (drawn once) are exact zeros on every worker and step,
-    as embedding rows no batch touches are."""
+    as embedding rows no batch touches are. The draws are the module's cached stream's
+    (one per kind for both ratios and both fractions of zeros), zeroed in copies."""
     g = torch.Generator().manual_seed(seed + 17)
     positions = torch.randperm(size, generator=g)[:round(zeros * size)]
-    for step in range(steps):
-        yield [x.index_fill_(0, positions, 0.0)
-               for x in synthetic(kind, size, workers, seed, step)]
+    for step_grads in stream(kind, size, workers, steps, seed):
+        yield [x.clone().index_fill_(0, positions, 0.0) for x in step_grads]
 
 
 def mean_quality(name: str, grads, ratio: float, workers: int = 4) -> tuple[float, list]:
