@@ -50,6 +50,9 @@ def test_reference_values_exist_and_are_well_formed(fid):
     assert rows, f"no reference values for {fid} in results/reference/{fig.paper}.csv"
 
 
+# Every figure's whole pipeline, its runs trained (30-40 s for all of them on two cores): in
+# the slow lane, which CI runs after the default one.
+@pytest.mark.slow
 @pytest.mark.parametrize("fid", IDS)
 def test_smoke_variant_runs_end_to_end(fid, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")

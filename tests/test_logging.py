@@ -365,6 +365,7 @@ def test_run_summary_lines_read_the_run(tmp_path):
     assert third.strip() == f"run dir {run}"
 
 
+@pytest.mark.slow  # a `repro train` process with W&B offline, end to end: 7-8 s
 def test_repro_train_prints_a_bar_and_its_own_summary_not_wandbs(tmp_path):
     import subprocess
 

@@ -334,6 +334,7 @@ def test_projected_metrics_are_labelled_projected(tmp_path):
 
 
 # -- sweeps, W&B offline, compare ----------------------------------------------------------------
+@pytest.mark.slow  # four trainings in a `repro train -m` process with W&B offline: 11-13 s
 def test_multirun_sweep_offline_skips_finished_runs_and_compares(tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", WANDB_SILENT="true")
     cmd = [sys.executable, "-m", "repro.cli", "train", "-m", "compressor=topk,dgc",
