@@ -4,6 +4,8 @@ decided once for all ranks, and a replica check names the first tensor that diff
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -19,11 +21,17 @@ def _params(name: str) -> dict:
 def _overlapping(workers: int, step: int) -> list[torch.Tensor]:
     """Gradients that share most of their large coordinates across workers (so sparse
     payloads collide on many indices) with values of mixed magnitudes (so the rounding
-    of a sum depends on the order of its terms)."""
+    of a sum depends on the order of its terms). Fresh copies of one draw per (workers,
+    step): every compressor and every arrival order gets the same gradients."""
+    return [g.clone() for g in _overlapping_draw(workers, step)]
+
+
+@functools.cache
+def _overlapping_draw(workers: int, step: int) -> tuple[torch.Tensor, ...]:
     base = synthetic("laplace", 20_000, workers, seed=step, step=step, shared=0.8)
     scale = torch.logspace(-3, 3, 20_000)[torch.randperm(20_000, generator=torch.Generator()
                                                            .manual_seed(step))]
-    return [g * scale for g in base]
+    return tuple(g * scale for g in base)
 
 
 def _aggregates(name: str, workers: int) -> list[torch.Tensor]:
