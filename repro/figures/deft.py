@@ -485,19 +485,21 @@ def deft_fig3(ctx: Context) -> list[Row]:
         higher = data[(w, comps[0])].higher_is_better
         for c in sparse:
             out.append(_reaches(f"{WORKLOADS[w]['label']}", LABELS[c], data[(w, c)],
-                                data[(w, "none")], metric, higher, short,
+                                data.get((w, "none")), metric, higher, short,
                                 f"paper: at least {PAPER_STEPS[w]:,} steps; " + _scale_note(ctx, w)))
     return out
 
 
-def _reaches(setting: str, who: str, run: Run, base: Run, metric: str, higher: bool,
+def _reaches(setting: str, who: str, run: Run, base: Run | None, metric: str, higher: bool,
              short: str | None, note: str,
              claim: str = "every sparsifier reaches the non-sparsified convergence point") -> Row:
     """The row of "`who` reaches the non-sparsified result": the ratio of the two runs'
     evaluations at each of their last LAST_EVALUATIONS common steps, within 10% (≥ 0.9
-    where higher is better, ≤ 1.1 where lower is) on its whole 10–90% interval."""
+    where higher is better, ≤ 1.1 where lower is) on its whole 10–90% interval; no value
+    without a non-sparsified run (the smoke variant trains none)."""
     key = run.eval_key
-    ratio, steps = last_evaluations(run, base, key, lambda x, y: x / y if y else float("nan"))
+    ratio, steps = (None, []) if base is None else last_evaluations(
+        run, base, key, lambda x, y: x / y if y else float("nan"))
     return judge(setting, f"final eval {metric}, {who} / non-sparsified", 1.0,
                  None if ratio is None else ratio.median,
                  claim=f"{claim} (checked: the ratio at each of the last {LAST_EVALUATIONS} evaluations, paired by "
@@ -505,7 +507,8 @@ def _reaches(setting: str, who: str, run: Run, base: Run, metric: str, higher: b
                  interval=None if ratio is None else ratio.interval,
                  threshold=0.9 if higher else 1.1, op=">=" if higher else "<=", rule_name=short,
                  detail=f"over the steps {steps}; last evaluation {fmt(run.final_eval, '.3g', 'n/a')}"
-                        f" vs {fmt(base.final_eval, '.3g', 'n/a')} after {run.steps} steps; "
+                        f" vs {fmt(None if base is None else base.final_eval, '.3g', 'n/a')} "
+                        f"after {run.steps} steps; "
                         + note)
 
 
