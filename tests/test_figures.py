@@ -297,6 +297,9 @@ def test_busy_machine_is_noticed():
     (["deft-fig3", "steps=400"], ["deft-fig3", "--override", "steps=400"]),
     (["--out", "/tmp/x", "--size", "smoke"], ["--out", "/tmp/x", "--size", "smoke", "--default"]),
     (["--list"], ["--list"]),
+    (["--set", "extended"], ["--extended"]),
+    (["--set", "default"], ["--default"]),
+    (["deft-fig10", "--size", "long"], ["deft-fig10", "--size", "long"]),
 ])
 def test_the_script_runs_the_default_set_when_no_figure_is_named(tmp_path, argv, expected):
     """scripts/repro_figure.sh: no figure id means the default set, also with options
@@ -311,6 +314,6 @@ def test_the_script_runs_the_default_set_when_no_figure_is_named(tmp_path, argv,
     script = base.repo_root() / "scripts" / "repro_figure.sh"
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
     done = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True,
-                          timeout=60)
+                          timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:-1] == ["figure", *expected]

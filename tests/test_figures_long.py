@@ -5,7 +5,6 @@ steps"."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 
 import pytest
@@ -95,24 +94,6 @@ def test_deft_fig3_judges_convergence_in_its_long_variant(tmp_path, monkeypatch)
         assert r.verdict == want and r.rule in (base.CHECKED, base.WITHIN_NOISE), r
     status = json.loads((tmp_path / "deft-fig3" / "status.json").read_text())
     assert status["size"] == "long"
-
-
-@pytest.mark.parametrize("argv, expected", [
-    (["--set", "extended"], ["--extended"]),
-    (["--set", "default"], ["--default"]),
-    (["deft-fig10", "--size", "long"], ["deft-fig10", "--size", "long"]),
-])
-def test_the_script_names_its_sets(tmp_path, argv, expected):
-    fake = tmp_path / "bin" / "repro"
-    fake.parent.mkdir()
-    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
-    fake.chmod(0o755)
-    script = base.repo_root() / "scripts" / "repro_figure.sh"
-    env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
-    done = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True,
-                          timeout=60, check=False)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split("\n")[:-1] == ["figure", *expected]
 
 
 @pytest.mark.parametrize("argv, message", [(["--set", "huge"], "unknown set 'huge'"),
