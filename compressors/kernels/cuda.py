@@ -485,19 +485,22 @@ def l2_norm(x: torch.Tensor) -> torch.Tensor:
     """||x||₂ as a 1-element float64 tensor on x's device: Σx² in float64 over fixed blocks,
     added in program order (the same bits on every rank for the same x), one read of x
     and no synchronisation with the host."""
-    part = stats_partials(x, squares=True)
-    out = torch.empty(8, dtype=torch.float64, device=x.device)
+    return _reduced(stats_partials(x, squares=True))[2:3].sqrt()
+
+
+def _reduced(part: torch.Tensor) -> torch.Tensor:
+    """The partials (7 × programs) added in program order by one small kernel, into 8
+    float64 values on the device (the 7 results and a pad)."""
+    out = torch.empty(8, dtype=torch.float64, device=part.device)
     _stats_final_kernel[(1,)](part, part.shape[1], out, R=2048, num_warps=8)
-    return out[2:3].sqrt()
+    return out
 
 
 def reduce_stats(part: torch.Tensor) -> tuple:
     """`stats`' 7 results from per-program partials (7 × programs, float64, as
     stats_partials writes them), added in program order on the device, then copied to the
     host (one synchronisation)."""
-    out = torch.empty(8, dtype=torch.float64, device=part.device)
-    _stats_final_kernel[(1,)](part, part.shape[1], out, R=2048, num_warps=8)
-    got = out.tolist()
+    got = _reduced(part).tolist()
     return (int(got[0]), got[1], got[2], got[3], got[4], int(got[5]), got[6])
 
 
