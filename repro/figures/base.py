@@ -845,7 +845,7 @@ def estimate_seconds(figure_id: str, size: str, out_root: Path | str | None = No
             return float(run_info(st)["elapsed_s"]), f"{where}, same machine kind"
     for where, st in candidates:
         return float(run_info(st)["elapsed_s"]), f"{where}, another machine"
-    return float(fig.est_seconds.get(size, fig.est_seconds["full"])), "built-in estimate"
+    return float(fig.est_seconds[size]), "built-in estimate"
 
 
 _KIND: str | None = None
