@@ -388,7 +388,7 @@ def batched_decode(
     return sparse_mean(list(indices), list(values), numel, world_size, dtype, out=out)
 
 
-def _cell_params(name: str, ratio: float | None, x: torch.Tensor,
+def cell_params(name: str, ratio: float | None, x: torch.Tensor,
                  quantiles: dict[float, float]) -> dict[str, Any]:
     """Constructor arguments of one cell. A fixed-threshold sparsifier (a `lam` argument,
     e.g. hard_threshold) gets the λ that keeps δ of this tensor (the k-th largest |x|,
@@ -406,7 +406,7 @@ def _cell_params(name: str, ratio: float | None, x: torch.Tensor,
     return params
 
 
-def _accepts_ratio(name: str) -> bool:
+def accepts_ratio(name: str) -> bool:
     return "ratio" in compressors.default_params(name)
 
 
@@ -440,7 +440,7 @@ def validate(
                          f"{', '.join(sources.SYNTHETIC)}")
     # Build every (compressor, ratio) once: a bad combination fails before any timing.
     for n in names:
-        for r in (ratios if _accepts_ratio(n) else [None]):
+        for r in (ratios if accepts_ratio(n) else [None]):
             try:
                 compressors.build(n, **({} if r is None else {"ratio": r}))
             except (ValueError, TypeError) as exc:
@@ -552,8 +552,8 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
     quantiles: dict[float, float] = {}
     cells: list[dict[str, Any]] = []
     for name in names:
-        for ratio in (ratios if _accepts_ratio(name) else [None]):
-            params = _cell_params(name, ratio, x, quantiles)
+        for ratio in (ratios if accepts_ratio(name) else [None]):
+            params = cell_params(name, ratio, x, quantiles)
             session = Session(compressors.build(name, **params), rank=0, world_size=1,
                               feedback="none", seed=seed, check_finite=False, measure=False)
             cells.append({"name": name, "ratio": ratio, "params": params, "session": session,

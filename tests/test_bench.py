@@ -199,8 +199,8 @@ def test_fwht_floor_redsync_probes_and_native_flag():
 def test_fixed_threshold_cells_get_the_lambda_that_keeps_the_ratio():
     x = synthetic("laplace", 100_000, 1, 0, 0)[0]
     cache: dict = {}
-    params = bench._cell_params("hard_threshold", 0.001, x, cache)
+    params = bench.cell_params("hard_threshold", 0.001, x, cache)
     k = compressors.base.target_k(x.numel(), 0.001)
     assert int((x.abs() >= params["lam"]).sum()) == k  # continuous data: no ties
-    assert bench._cell_params("hard_threshold", 0.001, x, cache) == params  # computed once
-    assert bench._cell_params("sidco_e", 0.001, x, cache) == {"ratio": 0.001}
+    assert bench.cell_params("hard_threshold", 0.001, x, cache) == params  # computed once
+    assert bench.cell_params("sidco_e", 0.001, x, cache) == {"ratio": 0.001}

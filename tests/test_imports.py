@@ -149,3 +149,68 @@ def test_a_circle_through_relative_and_function_level_imports_is_found(tmp_path)
 def test_no_circle_where_imports_only_go_one_way(tmp_path, text):
     root = _package(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": text, "pkg/b.py": "x = 1\n"})
     assert find_cycle(import_graph(root, "pkg")) is None
+
+
+PROJECT = ("compressors", "repro", "tasks")
+PROGRAMS = ("scripts", "benchmarks")
+
+
+def private_uses(path: Path) -> list[str]:
+    """What a program outside the packages reaches that is not public API: a private name
+    imported from, or read off, a project module, or an edit of sys.path."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    project: set[str] = set()  # local names bound to project modules
+    found: list[str] = []
+
+    def private(dotted: str) -> bool:
+        return any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in PROJECT:
+                    if private(alias.name):
+                        found.append(f"line {node.lineno}: import {alias.name}")
+                    project.add(alias.asname or alias.name.split(".")[0])
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PROJECT:
+            for alias in node.names:
+                if private(f"{node.module}.{alias.name}"):
+                    found.append(f"line {node.lineno}: from {node.module} import {alias.name}")
+                project.add(alias.asname or alias.name)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if (isinstance(node.value, ast.Name) and node.value.id in project
+                    and private(node.attr)):
+                found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+            if (node.attr == "path" and isinstance(node.value, ast.Name)
+                    and node.value.id == "sys"):
+                found.append(f"line {node.lineno}: sys.path")
+    return found
+
+
+def test_programs_outside_the_packages_use_only_public_api():
+    """scripts/ and benchmarks/ run against the installed packages (pip install -e .):
+    no sys.path edit, no private name of compressors, repro or tasks."""
+    programs = [p for d in PROGRAMS for p in sorted((ROOT / d).rglob("*.py"))]
+    assert len(programs) >= 10
+    problems = {str(p.relative_to(ROOT)): private_uses(p) for p in programs}
+    assert not {k: v for k, v in problems.items() if v}
+
+
+@pytest.mark.parametrize("text", [
+    "import sys\nsys.path.insert(0, '..')\n",
+    "from repro.bench import _cell\n",
+    "from compressors.kernels import ops as k\nk._grid(1)\n",
+    "import compressors._native\n",
+])
+def test_a_private_use_is_found(tmp_path, text):
+    path = tmp_path / "prog.py"
+    path.write_text(text)
+    assert private_uses(path)
+
+
+def test_public_uses_are_not_flagged(tmp_path):
+    path = tmp_path / "prog.py"
+    path.write_text("import sys\nimport repro.bench as b\nfrom compressors.kernels import ops"
+                    " as _native\nb.timed(sys.argv)\n_native.l2_norm(1)\nx._private = 1\n")
+    assert private_uses(path) == []

@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 import compressors
 from compressors.session import Session
-from repro.bench import _accepts_ratio, _cell_params, exchange_once, parse_size, split_list, timed
+from repro.bench import accepts_ratio, cell_params, exchange_once, parse_size, split_list, timed
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
     print(f"d = {x.numel():,}; |x|.sum() incl. abs {floor:.3f} ms")
     dest = torch.empty_like(x)
     for name in split_list(a.compressor):
-        params = _cell_params(name, a.ratio if _accepts_ratio(name) else None, x, {})
+        params = cell_params(name, a.ratio if accepts_ratio(name) else None, x, {})
         session = Session(compressors.build(name, **params), rank=0, world_size=1,
                           feedback="none", seed=0, check_finite=False, measure=False)
         for step in range(5):

@@ -2,7 +2,7 @@
 held-out metric after every epoch: a quick end-to-end check that a task really learns on
 its offline stand-in data.
 
-    python scripts/convergence_check.py --task cifar10_resnet20 --size paper --epochs 3 \
+    python benchmarks/training/convergence_check.py --task cifar10_resnet20 --size paper --epochs 3 \
         --batch-size 128 --warmup-epochs 0.5 --milestones 2
 
 Hyper-parameters default to the task's own (the paper's at --size paper); the flags
@@ -14,13 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
 import torch
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _rank(rank: int, world: int, args: dict) -> list[dict]:
