@@ -19,6 +19,7 @@ beside the packages (the supported install is `pip install -e .` from a clone).
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
 from collections.abc import Callable, Mapping
@@ -139,8 +140,15 @@ def task_file(name: str, conf: str | Path | None = None) -> Path:
     return Path(conf if conf is not None else conf_dir()) / "task" / f"{name}.yaml"
 
 
+# Parsed task files by path, with the text they were parsed from: a run validates, builds
+# and logs its task several times, and a sweep plans many runs; reading the few hundred
+# bytes again is cheap, parsing them is not.
+_PARSED: dict[Path, tuple[str, dict[str, Any]]] = {}
+
+
 def read_task_file(name: str, conf: str | Path | None = None) -> dict[str, Any]:
-    """conf/task/<name>.yaml as plain Python (FileNotFoundError naming the path)."""
+    """conf/task/<name>.yaml as plain Python (FileNotFoundError naming the path); parsed
+    again whenever its text changed."""
     from omegaconf import OmegaConf
 
     path = task_file(name, conf)
@@ -149,10 +157,14 @@ def read_task_file(name: str, conf: str | Path | None = None) -> dict[str, Any]:
             f"no {path}: task {name!r} reads its hyper-parameters from that file "
             "(name: and hparams: with a paper: and a smoke: block)"
         )
-    node = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    if not isinstance(node, dict):  # a bad file is a ValueError, as a bad value
-        raise ValueError(f"{path} holds {type(node).__name__}, not a mapping")  # noqa: TRY004
-    return node
+    text = path.read_text()
+    seen = _PARSED.get(path)
+    if seen is None or seen[0] != text:
+        node = OmegaConf.to_container(OmegaConf.create(text), resolve=True)
+        if not isinstance(node, dict):  # a bad file is a ValueError, as a bad value
+            raise ValueError(f"{path} holds {type(node).__name__}, not a mapping")  # noqa: TRY004
+        seen = _PARSED[path] = (text, node)
+    return copy.deepcopy(seen[1])
 
 
 def as_tuples(value: Any) -> Any:

@@ -134,6 +134,33 @@ def test_python_build_reads_the_yaml_file(tmp_path, monkeypatch):
     assert config_mod.build_task(cfg).hparams["lr"] == 0.25
 
 
+def test_a_task_file_edited_between_reads_is_read_again(tmp_path, monkeypatch):
+    """Parsed files are kept per process: an edit of the same length, right after a read,
+    is still seen, and what a caller does to the returned values reaches no later read."""
+    from tasks.hyperparams import read_task_file
+
+    conf = _conf_copy(tmp_path, monkeypatch)
+    path = conf / "task" / "cifar10_resnet20.yaml"
+    first = read_task_file("cifar10_resnet20")
+    lr = first["hparams"]["paper"]["lr"]
+    first["hparams"]["paper"]["lr"] = -1.0
+    assert read_task_file("cifar10_resnet20")["hparams"]["paper"]["lr"] == lr
+    text = path.read_text()
+    edited = text.replace(f"lr: {lr}", f"lr: {lr}".replace("0.1", "0.3"), 1)
+    assert edited != text and len(edited) == len(text)
+    path.write_text(edited)
+    assert read_task_file("cifar10_resnet20")["hparams"]["paper"]["lr"] == 0.3
+    assert tasks.build_task("cifar10_resnet20", size="paper").hparams["lr"] == 0.3
+
+
+def test_schema_is_a_fresh_config_each_time():
+    a = config_mod.schema()
+    a.task.name = "changed"
+    assert config_mod.schema().task.name != "changed"
+    with pytest.raises(Exception, match="nonexistent"):
+        config_mod.schema().nonexistent = 1  # still struct: an unknown key is an error
+
+
 # -- command-line overrides ----------------------------------------------------------------------
 def test_momentum_override_reaches_the_optimizer(tmp_path):
     """task.hparams.momentum=0 on the Nesterov task: an SGD with momentum 0. Nesterov's step
