@@ -214,3 +214,18 @@ def test_public_uses_are_not_flagged(tmp_path):
     path.write_text("import sys\nimport repro.bench as b\nfrom compressors.kernels import ops"
                     " as _native\nb.timed(sys.argv)\n_native.l2_norm(1)\nx._private = 1\n")
     assert private_uses(path) == []
+
+
+def test_every_data_file_of_the_package_is_installed():
+    """A non-editable install carries the kernel sources and tables: every file of
+    compressors/ that is not Python matches a package-data pattern of pyproject.toml."""
+    import tomllib
+
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"][PACKAGE]
+    files = [p.relative_to(ROOT / PACKAGE) for p in (ROOT / PACKAGE).rglob("*")
+             if p.is_file() and p.suffix not in (".py", ".pyc", ".so")
+             and "__pycache__" not in p.parts]
+    assert any(p.suffix == ".cpp" for p in files)
+    missing = [str(p) for p in files if not any(p.match(pat) for pat in patterns)]
+    assert not missing, f"not in [tool.setuptools.package-data]: {missing}"
