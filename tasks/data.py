@@ -24,6 +24,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import json
 import os
 import pickle
@@ -189,15 +190,12 @@ class Corpus:
     """Word-level splits as int64 token-id streams, with the vocabulary."""
 
     def __init__(self, splits: dict[str, list[str]]):
-        self.itos: list[str] = []
-        self.stoi: dict[str, int] = {}
-        for name in ("train", "valid", "test"):
-            for w in splits[name]:
-                if w not in self.stoi:
-                    self.stoi[w] = len(self.itos)
-                    self.itos.append(w)
+        # Ids in order of first appearance, train then valid then test.
+        self.itos: list[str] = list(dict.fromkeys(
+            itertools.chain(splits["train"], splits["valid"], splits["test"])))
+        self.stoi: dict[str, int] = {w: i for i, w in enumerate(self.itos)}
         self.ids = {
-            name: torch.tensor([self.stoi[w] for w in words], dtype=torch.int64)
+            name: torch.tensor(list(map(self.stoi.__getitem__, words)), dtype=torch.int64)
             for name, words in splits.items()
         }
 
@@ -205,12 +203,15 @@ class Corpus:
         return len(self.itos)
 
 
+EOS = "<eos>"
+
+
 def tokenize_lines(lines: Iterable[str]) -> list[str]:
     """Whitespace words of every line plus "<eos>" at its end (the PTB/WikiText convention)."""
     out: list[str] = []
     for line in lines:
         out.extend(line.split())
-        out.append("<eos>")
+        out.append(EOS)
     return out
 
 
@@ -361,14 +362,12 @@ def shakespeare_corpus(style: str, vocab_size: int = 10_000, min_count: int = 3)
         works = shakespeare_works()
         split = split_by_work(list(works))
         if style == "ptb":
+            numbers, words = re.compile(r"[0-9]+"), re.compile(r"[a-z]+(?:'[a-z]+)*|N")
 
             def tok(line):
-                line = re.sub(r"[0-9]+", " N ", line.lower())
-                return re.findall(r"[a-z]+(?:'[a-z]+)*|N", line)
+                return words.findall(numbers.sub(" N ", line.lower()))
         elif style == "wikitext":
-
-            def tok(line):
-                return re.findall(r"\w+(?:'\w+)*|[^\w\s]", line)
+            tok = re.compile(r"\w+(?:'\w+)*|[^\w\s]").findall
         else:
             raise ValueError(f"style={style!r}; use 'ptb' or 'wikitext'")
         lines = {s: [tok(ln) for n in split[s] for ln in play_lines(works[n])] for s in split}
@@ -380,10 +379,11 @@ def shakespeare_corpus(style: str, vocab_size: int = 10_000, min_count: int = 3)
             }
         else:
             keep = {w for w, c in counts.items() if c >= min_count}
-        splits = {
-            s: tokenize_lines(" ".join(w if w in keep else "<unk>" for w in ln) for ln in lines[s])
-            for s in lines
-        }
+        # tokenize_lines of the joined lines: the tokens hold no whitespace, and no token
+        # the patterns above find is "<eos>".
+        keep.add(EOS)
+        splits = {s: [w if w in keep else "<unk>" for ln in lines[s] for w in (*ln, EOS)]
+                  for s in lines}
         return Corpus(splits)
 
     return memo(("shakespeare-lm", style, vocab_size, min_count), make)
