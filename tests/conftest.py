@@ -23,12 +23,15 @@ GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 
 
 def pytest_collection_modifyitems(config, items):
-    """Group markers (unit, kernels, figures; see GROUPS); GPU tests skip where no CUDA
+    """Group markers (unit, kernels, figures; see GROUPS); every heavy test is also slow
+    (the lanes nest: quick within default within all); GPU tests skip where no CUDA
     device exists (CI is CPU-only), the compare page's browser tests where no Chromium is
     installed (.ci/run installs it); nothing else skips."""
     for item in items:
         module = item.path.stem if hasattr(item, "path") else ""
         item.add_marker(getattr(pytest.mark, GROUP_OF.get(module, "unit")))
+        if "heavy" in item.keywords:  # out of the default run, so out of the quick lane
+            item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device")

@@ -71,6 +71,7 @@ def mean(run, key):
     return sum(vals) / len(vals)
 
 
+@pytest.mark.slow
 def test_compare_prints_table_and_writes_plots_and_html(runs, tmp_path, capsys):
     a, b = runs
     out = str(tmp_path / "cmp")
@@ -143,6 +144,7 @@ def test_lower_is_better_metric_picks_the_minimum(tmp_path):
     assert ttt == read_metrics(run)[2]["wall_time"]
 
 
+@pytest.mark.slow
 def test_x_time_plots_diagnostics_against_wall_time(runs, tmp_path, capsys):
     out = str(tmp_path / "cmp_time")
     assert main(["compare", *runs, "--out", out, "--x", "time"]) == 0
@@ -152,6 +154,7 @@ def test_x_time_plots_diagnostics_against_wall_time(runs, tmp_path, capsys):
     assert not os.path.exists(os.path.join(out, "throughput_vs_step.png"))
 
 
+@pytest.mark.slow
 def test_default_out_folder_is_inside_the_first_run_not_the_working_directory(
         runs, tmp_path, monkeypatch, capsys):
     cwd = tmp_path / "cwd"

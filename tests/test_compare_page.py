@@ -18,8 +18,8 @@ from repro import launch
 from repro.cli import main
 
 # Three trainings, a comparison and two headless Chromium runs, end to end (5-7 s here):
-# in the slow lane, which CI runs after the default one (with Chromium installed).
-pytestmark = pytest.mark.slow
+# in the heavy lane, which CI runs after the default one (with Chromium installed).
+pytestmark = pytest.mark.heavy
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")
 WIDTH, HEIGHT = 1280, 900

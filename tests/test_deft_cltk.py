@@ -307,6 +307,7 @@ def _selection_work(n: int, grad: torch.Tensor, layout, monkeypatch) -> tuple[fl
     return work, reads
 
 
+@pytest.mark.slow
 def test_selection_work_per_worker_falls_with_workers(monkeypatch):
     """DEFT Fig. 9: the per-worker selection work at n = 8 is at most 1/4 of n = 1, on an
     LSTM-like layout of 5.1M elements at δ = 0.01. Work is counted, not timed (timing

@@ -243,6 +243,7 @@ def test_agrees_with_dgc_when_both_select_the_exact_topk():
         assert a.bytes_sent == b.bytes_sent and a.selected == b.selected == 200
 
 
+@pytest.mark.slow
 def test_simulated_training_run(tmp_path):
     from repro import config as config_mod
     from repro import launch

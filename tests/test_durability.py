@@ -128,6 +128,7 @@ def reference(tmp_path_factory):
 
 # -- disk full -----------------------------------------------------------------------------
 @needs_mount
+@pytest.mark.slow
 def test_checkpoint_on_a_full_disk_names_the_file_and_the_rerun_resumes(tmp_path, reference):
     """Room for two checkpoints: the third fails with ENOSPC. The error names the file
     and says the disk is full; the unfinished checkpoint is removed, nothing looks
@@ -162,6 +163,7 @@ def test_checkpoint_on_a_full_disk_names_the_file_and_the_rerun_resumes(tmp_path
 
 
 @needs_mount
+@pytest.mark.slow
 def test_metrics_on_a_full_disk_keep_complete_lines_and_the_rerun_restarts(tmp_path):
     """No checkpoints, a 12 KiB disk: metrics.jsonl fills it. The error names the file,
     says the disk is full and which step's line was not written; the file still ends
@@ -195,6 +197,7 @@ def test_metrics_on_a_full_disk_keep_complete_lines_and_the_rerun_restarts(tmp_p
 
 @needs_mount
 @pytest.mark.parametrize("full_after", ["metrics", "summary"])
+@pytest.mark.slow
 def test_final_writes_on_a_full_disk_leave_neither_summary_nor_done(
         tmp_path, monkeypatch, reference, full_after):
     """The disk fills up at the end of the run: before summary.json is written, or after
@@ -292,6 +295,7 @@ def test_read_only_runs_folder_fails_before_any_run_starts(tmp_path, monkeypatch
 
 
 @needs_mount
+@pytest.mark.slow
 def test_finished_runs_in_a_read_only_folder_are_skipped_and_readable(tmp_path, monkeypatch):
     """The pre-flight check refuses only runs that would write: a sweep whose runs are
     all DONE in a read-only folder is skipped without error, and reading it works."""
@@ -338,6 +342,7 @@ def test_a_failure_that_is_not_the_disk_is_not_reported_as_one(tmp_path):
 
 
 # -- secrets and code hygiene ---------------------------------------------------------------
+@pytest.mark.slow
 def test_no_token_from_the_environment_reaches_the_run_folder(tmp_path, monkeypatch):
     """W&B in offline mode with a W&B key and other tokens in the environment: no file of
     the run folder (config.yaml, metrics.jsonl, summary.json, the W&B offline folder,

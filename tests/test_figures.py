@@ -51,8 +51,8 @@ def test_reference_values_exist_and_are_well_formed(fid):
 
 
 # Every figure's whole pipeline, its runs trained (30-40 s for all of them on two cores): in
-# the slow lane, which CI runs after the default one.
-@pytest.mark.slow
+# the heavy lane, which CI runs after the default one.
+@pytest.mark.heavy
 @pytest.mark.parametrize("fid", IDS)
 def test_smoke_variant_runs_end_to_end(fid, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -178,6 +178,7 @@ def _published_copy(tmp_path: Path, *ids: str) -> Path:
     return dst
 
 
+@pytest.mark.slow
 def test_a_run_writes_no_tracked_file_without_publish(tmp_path, monkeypatch, capsys):
     """`repro figure` (here the smoke variant, as CI runs it) writes its outputs only,
     leaving the published results untouched byte for byte."""
@@ -197,6 +198,7 @@ def test_a_run_writes_no_tracked_file_without_publish(tmp_path, monkeypatch, cap
         assert (outputs / "smoke" / fid / "status.json").exists()
 
 
+@pytest.mark.slow
 def test_publish_writes_only_what_changed_and_shows_published_beside_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     results = tmp_path / "results"

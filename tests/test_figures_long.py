@@ -74,7 +74,7 @@ def test_long_runs_write_and_publish_beside_the_full_results(tmp_path, monkeypat
     assert "[zz-long](long/zz-long/comparison.md)" in text
 
 
-@pytest.mark.slow  # trains a figure's runs end to end (CI's slow lane)
+@pytest.mark.heavy  # trains a figure's runs end to end (CI's heavy lane)
 def test_deft_fig3_judges_convergence_in_its_long_variant(tmp_path, monkeypatch):
     """With runs of at least a tenth of the paper's steps, "every sparsifier reaches the
     non-sparsified point" is checked on the data (holds or does not hold), where the full
@@ -119,7 +119,7 @@ def test_thc_fig8_long_runs_pass_the_step_rule_at_every_scale():
         assert base.too_few_steps(thc.FIG8_LONG_STEPS[n], paper) is None
 
 
-@pytest.mark.slow  # trains a figure's runs end to end (CI's slow lane)
+@pytest.mark.heavy  # trains a figure's runs end to end (CI's heavy lane)
 def test_thc_fig8_judges_final_accuracy_in_its_long_variant(tmp_path, monkeypatch):
     from repro.figures import thc
 

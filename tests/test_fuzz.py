@@ -24,7 +24,7 @@ from compressors import SimulatedGroup
 
 NAMES = compressors.list_compressors()
 DOCUMENTED = (TypeError, ValueError, FloatingPointError, KeyError, FileNotFoundError)
-# Examples per property and compressor (hypothesis draws this many; the slow lane and
+# Examples per property and compressor (hypothesis draws this many; the heavy lane and
 # anyone hunting set GRADCOMP_FUZZ_EXAMPLES higher).
 EXAMPLES = int(os.environ.get("GRADCOMP_FUZZ_EXAMPLES", "25"))
 

@@ -52,7 +52,7 @@ def test_plans_cover_every_stage_once(d, rows):
     assert cuda_fwht.plan(1, rows) == []
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.skipif(not _has_triton(), reason="needs Triton and its interpreter")
 def test_fwht_kernels_under_the_interpreter():
     root = str(TESTS.parent)

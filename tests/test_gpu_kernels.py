@@ -39,7 +39,7 @@ def _triton_version() -> tuple[int, ...]:
 # kernels are checked on any Triton by the gpu tests below.
 @pytest.mark.skipif(_triton_version() < (3, 8),
                     reason="needs Triton >= 3.8 and its interpreter (absent or older here)")
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_triton_kernels_under_the_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     done = subprocess.run(

@@ -133,6 +133,7 @@ def test_movielens_refusal_says_why():
         tasks.build_task("movielens_ncf", data="hf")
 
 
+@pytest.mark.slow
 def test_import_tasks_does_not_import_datasets():
     code = (
         "import sys, tasks; tasks.list_tasks(); tasks.hf_tasks(); "
@@ -153,6 +154,7 @@ def test_hf_is_ignored_for_the_other_data_kinds(tmp_path):
 
 # -- SST-2 -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["roberta_sst2", "gpt2_sst2"])
+@pytest.mark.slow
 def test_sst2_from_a_saved_copy_trains(tmp_path, name):
     root = _sst2(tmp_path / "sst2")
     task = tasks.build_task(name, data="hf", data_root=str(root), batch_size=4)
@@ -173,6 +175,7 @@ def test_sst2_from_a_saved_copy_trains(tmp_path, name):
     assert 0.0 <= acc <= 1.0
 
 
+@pytest.mark.slow
 def test_sst2_tokenisation_is_cached_next_to_the_data(tmp_path):
     root = _sst2(tmp_path / "sst2")
     first = tasks.build_task("roberta_sst2", data="hf", data_root=str(root)).encoded()
@@ -191,6 +194,7 @@ def test_sst2_tokenisation_is_cached_next_to_the_data(tmp_path):
     assert len(list((root / "train").glob("cache-*.arrow"))) == 2
 
 
+@pytest.mark.slow
 def test_sst2_evaluation_split_with_hidden_labels_is_refused(tmp_path):
     root = _sst2(tmp_path / "sst2", validation_hidden=True)
     task = tasks.build_task("roberta_sst2", data="hf", data_root=str(root))
@@ -289,6 +293,7 @@ def _squad_json(rows) -> dict:
 WINDOWS = {"max_seq_length": 64, "doc_stride": 16}
 
 
+@pytest.mark.slow
 def test_squad_from_a_saved_copy_matches_the_json_loader(tmp_path):
     train_rows = _squad_rows(1040)
     root = tmp_path / "squad"
@@ -428,6 +433,7 @@ def test_missing_saved_copy_gives_one_message_with_the_fetch_command(tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_missing_hub_data_set_offline_gives_one_message(tmp_path):
     env = {
         **os.environ,

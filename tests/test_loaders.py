@@ -228,6 +228,7 @@ def test_wikitext2_files_in_subfolder(tmp_path):
     assert task.vocab_size == 33_278
 
 
+@pytest.mark.slow
 def test_shakespeare_lm_standins():
     ptb = D.shakespeare_corpus("ptb")
     assert len(ptb) == 10_000 and "<unk>" in ptb.stoi and "<eos>" in ptb.stoi

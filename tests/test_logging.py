@@ -195,6 +195,7 @@ def test_summary_write_failing_at_replace_keeps_old_file(tmp_path, monkeypatch):
 
 
 # -- W&B ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_wandb_offline_writes_an_offline_run_under_run_dir(tmp_path, monkeypatch):
     pytest.importorskip("wandb")  # a declared dependency; absent only in a broken env
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -365,7 +366,7 @@ def test_run_summary_lines_read_the_run(tmp_path):
     assert third.strip() == f"run dir {run}"
 
 
-@pytest.mark.slow  # a `repro train` process with W&B offline, end to end: 7-8 s
+@pytest.mark.heavy  # a `repro train` process with W&B offline, end to end: 7-8 s
 def test_repro_train_prints_a_bar_and_its_own_summary_not_wandbs(tmp_path):
     import subprocess
 

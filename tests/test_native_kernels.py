@@ -362,7 +362,7 @@ def test_pool_ge_and_gt_differ_only_at_ties():
 @needs_native
 @pytest.mark.parametrize("arch", [[], ["-march=native", "-mno-avx512f"]],
                          ids=["portable", "without-avx512"])
-@pytest.mark.slow
+@pytest.mark.heavy
 def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     # The library is built with -march=native and, if that fails, without it (generic
     # x86-64: no AVX, the scalar/vector-extension fallbacks); on a CPU with AVX-512 the

@@ -320,7 +320,7 @@ def _rank_entry(rank: int, world: int, run_dir: str, init_file: str, out_dir: st
         f.write(message)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_a_killed_rank_ends_the_others_naming_it(tmp_path, monkeypatch):
     """Rank 1 dies at step 3 (os._exit, as a kill would): ranks 0 and 2 stop within

@@ -25,7 +25,7 @@ from compressors.kernels import sidco_pipeline
 TESTS = Path(__file__).parent
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.skipif(kernels.triton is None, reason="needs Triton and its interpreter")
 def test_split_under_the_interpreter():
     root = str(TESTS.parent)

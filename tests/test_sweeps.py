@@ -78,6 +78,7 @@ def runs(finished_sweep, tmp_path):
     return root, [str(root / r) for r in rel]
 
 
+@pytest.mark.slow
 def test_changed_sweep_is_refused_then_restarted_then_skipped(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     lines: list[str] = []
@@ -121,6 +122,7 @@ def test_changed_sweep_is_refused_then_restarted_then_skipped(tmp_path, monkeypa
     assert snapshot(root) == after
 
 
+@pytest.mark.slow
 def test_unfinished_run_with_changed_config_is_refused_and_same_config_resumes(
         runs, monkeypatch):
     root, (topk, _) = runs
@@ -146,6 +148,7 @@ def test_unfinished_run_with_changed_config_is_refused_and_same_config_resumes(
     assert steps(topk) == [0, 1] and os.path.exists(os.path.join(topk, "DONE"))
 
 
+@pytest.mark.slow
 def test_result_neutral_keys_do_not_count_as_a_change(runs, monkeypatch):
     root, dirs = runs  # copied: the saved run_dir and runs_root point elsewhere
     assert all(saved_config(d)["runs_root"] != str(root) for d in dirs)
@@ -163,6 +166,7 @@ def test_result_neutral_keys_do_not_count_as_a_change(runs, monkeypatch):
     assert snapshot(root) == before
 
 
+@pytest.mark.slow
 def test_on_change_restart_reruns_changed_and_skips_unchanged(runs):
     root, (topk, dgc) = runs
     topk_before = snapshot(topk)

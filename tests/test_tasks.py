@@ -70,6 +70,7 @@ def test_duplicate_registration_is_refused():
         tasks.register_task("not_a_task")(object)
 
 
+@pytest.mark.slow
 def test_import_tasks_is_light():
     code = (
         "import sys, tasks; tasks.list_tasks(); "

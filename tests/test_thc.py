@@ -548,6 +548,7 @@ def _spying_trainer():
 
 
 @pytest.mark.parametrize("sync_every", sorted(RECORDED_REPLICA_RUNS))
+@pytest.mark.slow
 def test_replica_mode_reproduces_the_recorded_runs(tmp_path, monkeypatch, one_thread, sync_every):
     """Through the launcher (cluster.mode=replicas dispatches to ReplicaTrainer): the same
     losses step for step and the same final accuracy as recorded."""
@@ -569,6 +570,7 @@ def test_replica_mode_reproduces_the_recorded_runs(tmp_path, monkeypatch, one_th
     assert read_summary(run_dir)["eval/accuracy"] == pytest.approx(accuracy)
 
 
+@pytest.mark.slow
 def test_sync_every_step_leaves_the_replicas_identical(tmp_path, one_thread):
     """sync_every=1: before every step after the first the replicas, drifted apart by the
     lost packets, are set to their mean: identical afterwards in every float parameter and
@@ -587,6 +589,7 @@ def test_sync_every_step_leaves_the_replicas_identical(tmp_path, one_thread):
     assert counts and all(int(v) == 4 for v in counts.values())  # BatchNorm batches seen
 
 
+@pytest.mark.slow
 def test_without_sync_the_replicas_drift_apart(tmp_path, one_thread):
     """sync_every=0: never averaged; each replica stepped with the aggregate ITS worker
     received, so lost packets leave the replicas' parameters different, while the same
@@ -606,6 +609,7 @@ def test_without_sync_the_replicas_drift_apart(tmp_path, one_thread):
         assert torch.equal(params[0][n], params[1][n]) and torch.equal(params[0][n], params[2][n])
 
 
+@pytest.mark.slow
 def test_sync_every_n_steps_averages_before_steps_n_2n(tmp_path, one_thread):
     trainer = _replica_trainer(tmp_path, "cluster.sync_every=2", "steps=5",
                                trainer=_spying_trainer())
@@ -613,6 +617,7 @@ def test_sync_every_n_steps_averages_before_steps_n_2n(tmp_path, one_thread):
     assert [step for step, _, _ in trainer.syncs] == [2, 4]
 
 
+@pytest.mark.slow
 def test_replicas_without_loss_train_the_simulated_mode_model(tmp_path, one_thread):
     """Nothing lost, a model without buffers or random layers (the MLP-Mixer, Adam): every
     replica is stepped with the same aggregate the simulated mode applies to its single
@@ -634,6 +639,7 @@ class _Killed(Exception):
     pass
 
 
+@pytest.mark.slow
 def test_a_replica_run_resumes_every_replica(tmp_path, monkeypatch, one_thread):
     """Killed after a checkpoint, relaunched: every replica's parameters, buffers and
     optimizer come back, so the run ends as the uninterrupted one does."""

@@ -32,7 +32,7 @@ def _has_triton() -> bool:
     return cuda_fwht.triton is not None
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.skipif(not _has_triton(), reason="needs Triton and its interpreter")
 def test_thc_kernels_under_the_interpreter():
     root = str(TESTS.parent)

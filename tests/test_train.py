@@ -178,6 +178,7 @@ def _comparable(records):
 
 @pytest.mark.parametrize("compressor", [("dgc", "compressor.ratio=0.05"), ("powersgd",)],
                          ids=["dgc", "powersgd"])
+@pytest.mark.slow
 def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, compressor):
     """Killed mid-run, relaunched: the checkpoint (model, Adam state, compressor and
     error-feedback state, RNG) makes the rest of the run identical."""
@@ -225,7 +226,7 @@ def test_resumed_run_equals_uninterrupted_run(tmp_path, monkeypatch, compressor)
             assert torch.equal(x, y)
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_torchrun_relaunch_after_killed_rank(tmp_path, monkeypatch):
     """Rank 1 dies at step 3 under torchrun --max-restarts 1; the relaunched ranks resume
@@ -275,6 +276,7 @@ def test_ratio_warmup_schedule_values():
     assert ratio_at(cfg, 5) is None
 
 
+@pytest.mark.slow
 def test_dense_start_steps_and_dgc_warmup_in_a_run(tmp_path):
     from repro.train import ratio_at
 
@@ -306,6 +308,7 @@ def test_dense_start_steps_and_dgc_warmup_in_a_run(tmp_path):
     assert sent[0] > sent[2] > sent[-1]
 
 
+@pytest.mark.slow
 def test_projected_metrics_are_labelled_projected(tmp_path):
     run_dir = prepare(tmp_path, "compressor=topk", "compressor.ratio=0.01", "task=cifar10_mixer",
                       "steps=2", "eval_every=0", "eval_batches=1", "cluster=simulated",
@@ -334,7 +337,7 @@ def test_projected_metrics_are_labelled_projected(tmp_path):
 
 
 # -- sweeps, W&B offline, compare ----------------------------------------------------------------
-@pytest.mark.slow  # four trainings in a `repro train -m` process with W&B offline: 11-13 s
+@pytest.mark.heavy  # four trainings in a `repro train -m` process with W&B offline: 11-13 s
 def test_multirun_sweep_offline_skips_finished_runs_and_compares(tmp_path):
     env = dict(os.environ, WANDB_MODE="offline", OMP_NUM_THREADS="1", WANDB_SILENT="true")
     cmd = [sys.executable, "-m", "repro.cli", "train", "-m", "compressor=topk,dgc",

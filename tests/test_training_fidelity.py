@@ -147,6 +147,7 @@ def test_deft_refuses_per_tensor_exchanges_with_the_reason():
 
 
 @pytest.mark.parametrize("workers", [4, 8])
+@pytest.mark.slow
 def test_deft_density_in_simulated_training(tmp_path, workers):
     """`repro train` with simulated workers (the DEFT figures' mode) on a ResNet-20 of 23
     tensors, 17 of them smaller than n/δ: the logged density is δ."""
@@ -193,6 +194,7 @@ def test_momentum_correction_takes_over_the_tasks_sgd_momentum():
         config_mod.validate(cfg)
 
 
+@pytest.mark.slow
 def test_the_trainer_applies_no_momentum_to_corrected_gradients(tmp_path):
     """A DGC run on a Nesterov-momentum task: the trainer's optimizer moves each parameter
     by exactly −lr · (its aggregate) (weight decay off), whatever came before: the
@@ -359,6 +361,7 @@ def test_deft_is_charged_its_pattern_not_one_allgather():
 # -- NaN/Inf in training: one decision for every worker ---------------------------------------
 
 @pytest.mark.parametrize("policy", ["error", "skip"])
+@pytest.mark.slow
 def test_trainer_nonfinite_policy(tmp_path, monkeypatch, policy):
     """A NaN in simulated worker 1's loss at step 2 of 4: with nonfinite=error the run
     stops naming the step, the tensor and the worker; with skip the step is logged as

@@ -94,6 +94,7 @@ def trained(tmp_path_factory):
     return run_dir, by_kind
 
 
+@pytest.mark.slow
 def test_run_carries_project_group_job_type_tags_name_and_config(trained):
     run_dir, by_kind = trained
     (run,) = [r.run for r in by_kind["run"]]
@@ -175,6 +176,7 @@ def test_names_map_both_ways():
     assert metric_key("estimation_quality") == "estimation_quality"
 
 
+@pytest.mark.slow
 def test_compare_takes_a_metric_by_either_name(trained, tmp_path, capsys):
     run_dir, _ = trained
     outputs = {}
