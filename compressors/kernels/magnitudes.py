@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from compressors.kernels import ops
+from compressors.kernels import cpu, ops
 from compressors.kernels.numerics import SAFE_MEAN, moments_from_sums
 from compressors.kernels.types import NonFinite, Selected
 
@@ -138,6 +138,9 @@ class FusedPasses:
     def __init__(self, acc: torch.Tensor, check_finite: bool):
         self.source = acc
         self.check_finite = check_finite
+        # The kernels are picked once per tensor: a search's counts and compactions of acc
+        # then skip ops' per-call dispatch (a few microseconds each, tens of probes a step).
+        self.kernels = cpu if ops.supports_cpu(acc) else ops
 
     def moments(self) -> tuple[float, float]:
         """(mean, variance) of |acc|: one pass of Σ|x| and Σx² (a second, centred one only
@@ -162,13 +165,13 @@ class FusedPasses:
 
     def count(self, t: float, pool: torch.Tensor | None = None) -> tuple[int, None]:
         """#{|pool| ≥ t} (pool: acc, or a compaction of it), and no mask."""
-        return ops.count(self.source if pool is None else pool, t), None
+        return self.kernels.count(self.source if pool is None else pool, t), None
 
     def shrink(self, pool: torch.Tensor, t: float, _mask, keep: float) -> torch.Tensor:
         """The values of pool with |x| ≥ t (`keep`: about the fraction that passes), in this
         thread's workspace kept between calls."""
-        return ops.pool(pool, t, dense=keep > ops.DENSE_FRACTION, strict=False,
-                        index_dtype=pool_index_dtype(pool), workspace="mstopk")[2]
+        return self.kernels.pool(pool, t, dense=keep > ops.DENSE_FRACTION, strict=False,
+                                 index_dtype=pool_index_dtype(pool), workspace="mstopk")[2]
 
     def select(self, t: float, _mask=None, expected: int = 0) -> Selected:
         """{|acc| ≥ t} with the values sent, in one pass; the folded check when no
