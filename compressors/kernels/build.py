@@ -48,7 +48,8 @@ _error: str | None = None
 
 def enabled_by_environment() -> bool:
     """False where GRADCOMP_NATIVE says 0/false/no/off (read at every call)."""
-    return os.environ.get("GRADCOMP_NATIVE", "1").strip().lower() not in ("0", "false", "no", "off")
+    value = os.environ.get("GRADCOMP_NATIVE")  # (unset: enabled, without parsing)
+    return value is None or value.strip().lower() not in ("0", "false", "no", "off")
 
 
 def cache_dir() -> Path:

@@ -119,7 +119,7 @@ def available() -> bool:
 def takes(t: torch.Tensor) -> bool:
     """Whether these kernels take `t` (the library's availability aside): contiguous,
     non-empty CPU float32/float64 not requiring grad."""
-    return (t.device.type == "cpu" and t.dtype in _SUFFIX and t.is_contiguous()
+    return (t.is_cpu and t.dtype in _SUFFIX and t.is_contiguous()
             and t.numel() > 0 and not t.requires_grad)
 
 

@@ -93,7 +93,7 @@ def cuda_error(device: torch.device) -> str | None:
 def supports_cuda(t: torch.Tensor) -> bool:
     """Whether the Triton kernels take `t`: a contiguous float32 tensor on the current CUDA
     device, Triton importable, its self-test passed there, GRADCOMP_NATIVE not 0."""
-    if t.device.type != "cuda" or t.requires_grad or not build.enabled_by_environment():
+    if not t.is_cuda or t.requires_grad or not build.enabled_by_environment():
         return False
     kernels = _cuda()
     return kernels is not None and kernels.supports(t) and cuda_error(t.device) is None
@@ -102,7 +102,7 @@ def supports_cuda(t: torch.Tensor) -> bool:
 def supports(t: torch.Tensor) -> bool:
     """Whether stats, count, select, pool, sample_abs and all_finite run a fused kernel on
     `t` (supports_cpu on the CPU, supports_cuda on CUDA) rather than torch."""
-    if t.device.type == "cpu":
+    if t.is_cpu:
         return supports_cpu(t)
     return supports_cuda(t)
 
