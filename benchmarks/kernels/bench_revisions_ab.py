@@ -1,60 +1,79 @@
-"""Encode and decode times of two revisions of the whole package, alternated in separate
-processes.
+"""Encode and decode times of two revisions of the whole package, side by side: one
+long-lived process per revision, the two called in turn, step by step.
 
     python benchmarks/kernels/bench_revisions_ab.py --old-rev HEAD~1 [--new-rev HEAD]
-        [--compressor sidco_e,sidco_gp,sidco_p] [--numel 26M] [--steps 23] [--rounds 3]
-        [--json FILE]
+        [--compressor all | sidco_e,sidco_gp,...] [--numel 26M] [--ratio 0.001]
+        [--rounds 40] [--threads 2] [--bound 0.05] [--json FILE]
 
-Each revision is checked out into a temporary git worktree, and each round runs one process
-per revision (the order alternating from round to round) that builds or loads that
-revision's library, compresses the same Laplace tensor with a single-worker Session per
-compressor (no error feedback, no NaN/Inf check, as `repro bench` times encoders) and
-reports the median encode and decode times of the steps after the first three, with the
-floor (a sum of a precomputed |x|) timed between the steps. At the end, per compressor, the
-new/old ratio of each median: its median over the rounds and its range."""
+Each revision is checked out into a temporary git worktree and served by one process that
+builds or loads that revision's library, draws the same Laplace tensor and builds one
+single-worker Session per compressor (no error feedback, no NaN/Inf check, as `repro
+bench` times encoders; a fixed-threshold compressor gets the λ that keeps the ratio of
+this tensor). After three warm-up exchanges per compressor on each side, every round
+runs one exchange per compressor on each side, old and new back to back (which goes
+first alternates from round to round, the compressors' order rotates), so a slow spell
+of a shared machine hits both sides of a pair alike. Both processes run with
+OMP_WAIT_POLICY=PASSIVE, so the waiting one's threads do not spin on the cores the other
+is using.
+
+Per compressor and per encode / decode: the new/old ratio of each round's pair, its
+median over the rounds with the 10-90% spread, and a 90% bootstrap interval of that
+median (resampled rounds). The verdict: "within bound" when the interval's upper end is
+at most 1 + bound, "slower" when its lower end is above 1 + bound, else "unsettled"
+(more rounds or a quieter machine would decide it)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from repro.bench import parse_size
+from repro.bench import parse_size, percentile, split_list
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
-CHILD = r"""
-import json, statistics, sys, time
+# The server side: one line of names in, one JSON line of {name: [encode_s, decode_s]} out.
+# It uses only what both revisions have: compressors.build/default_params/list_compressors,
+# Session, repro.sources.synthetic and repro.bench.exchange_once.
+SERVER = r"""
+import json, sys
 import torch
 torch.set_num_threads(int(sys.argv[4]))
 import compressors
 from compressors import Session
 from repro import sources
 from repro.bench import exchange_once
-x = sources.synthetic("laplace", int(sys.argv[2]), 1, 0, 0)[0]
-magnitudes, dest = x.abs(), torch.empty_like(x)
-steps, out = int(sys.argv[3]), {}
-for name in sys.argv[1].split(","):
-    session = Session(compressors.build(name, ratio=0.001), rank=0, world_size=1,
-                      feedback="none", seed=0, check_finite=False, measure=False)
-    encode, decode, floor = [], [], []
-    for step in range(steps):
-        _, seconds, back = exchange_once(session, x, step, out=dest)
-        t0 = time.perf_counter()
-        torch.sum(magnitudes)
-        floor.append(time.perf_counter() - t0)
-        if step >= 3:
-            encode.append(seconds)
-            decode.append(back)
-    out[name] = {"encode_ms": 1e3 * statistics.median(encode),
-                 "decode_ms": 1e3 * statistics.median(decode),
-                 "floor_ms": 1e3 * statistics.median(floor)}
-print(json.dumps(out))
+names = [n for n in sys.argv[1].split(",") if n]
+numel, ratio = int(sys.argv[2]), float(sys.argv[3])
+x = sources.synthetic("laplace", numel, 1, 0, 0)[0]
+dest = torch.empty_like(x)
+k = max(1, round(ratio * numel))
+lam = float(x.abs().flatten().kthvalue(numel - k + 1).values)
+sessions, steps = {}, {}
+for name in names:
+    defaults = compressors.default_params(name)
+    params = {"ratio": ratio} if "ratio" in defaults else {}
+    if "lam" in defaults:
+        params["lam"] = lam
+    sessions[name] = Session(compressors.build(name, **params), rank=0, world_size=1,
+                             feedback="none", seed=0, check_finite=False, measure=False)
+    steps[name] = 0
+def call(name):
+    _, enc, dec = exchange_once(sessions[name], x, steps[name], out=dest)
+    steps[name] += 1
+    return [enc, dec]
+print(json.dumps({"ready": sorted(compressors.list_compressors())}), flush=True)
+for line in sys.stdin:
+    print(json.dumps({name: call(name) for name in line.split()}), flush=True)
 """
+
+WARMUP = 3
 
 
 def git(*args: str) -> str:
@@ -62,66 +81,144 @@ def git(*args: str) -> str:
                           text=True).stdout.strip()
 
 
+class Server:
+    """One revision's process: call(names) runs one exchange of each, in that order."""
+
+    def __init__(self, tree: Path, names: list[str], numel: int, ratio: float,
+                 threads: int) -> None:
+        env = {**os.environ, "PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE",
+               "OMP_NUM_THREADS": str(threads)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER, ",".join(names), str(numel), str(ratio),
+             str(threads)], cwd=tree, env=env, stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, text=True)
+        self.registered = self._read()["ready"]
+
+    def _read(self) -> dict:
+        while True:  # past anything else the library prints (a native build's messages)
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"a benchmark process exited (code {self.proc.wait()})")
+            if line.startswith("{"):
+                return json.loads(line)
+
+    def call(self, names: list[str]) -> dict[str, list[float]]:
+        self.proc.stdin.write(" ".join(names) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def bootstrap_median(ratios: list[float], draws: int = 2000, seed: int = 0
+                     ) -> tuple[float, float]:
+    """90% interval of the median of `ratios` over resampled rounds."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(ratios, k=len(ratios)))
+                     for _ in range(draws))
+    return percentile(medians, 5), percentile(medians, 95)
+
+
+def verdict(low: float, high: float, bound: float) -> str:
+    if high <= 1 + bound:
+        return "within bound"
+    if low > 1 + bound:
+        return "slower"
+    return "unsettled"
+
+
+def summarise(pairs: dict[str, list[dict[str, list[float]]]], bound: float) -> dict:
+    out = {}
+    for name, rows in pairs.items():
+        out[name] = {}
+        for i, what in enumerate(("encode", "decode")):
+            ratios = [row["new"][i] / row["old"][i] for row in rows]
+            low, high = bootstrap_median(ratios)
+            out[name][what] = {
+                "old_ms": 1e3 * statistics.median(row["old"][i] for row in rows),
+                "new_ms": 1e3 * statistics.median(row["new"][i] for row in rows),
+                "ratio_median": statistics.median(ratios),
+                "ratio_p10": percentile(ratios, 10), "ratio_p90": percentile(ratios, 90),
+                "median_ci90": [low, high], "verdict": verdict(low, high, bound)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--old-rev", required=True)
     parser.add_argument("--new-rev", default="HEAD")
-    parser.add_argument("--compressor", default="sidco_e,sidco_gp,sidco_p")
+    parser.add_argument("--compressor", default="all",
+                        help="comma list, or 'all' (every compressor both revisions have)")
     parser.add_argument("--numel", default="26M")
+    parser.add_argument("--ratio", type=float, default=0.001)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=23)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--bound", type=float, default=0.05,
+                        help="the slow-down a verdict is about (0.05: 5%%)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-    if args.steps < 4 or args.rounds < 1:
-        raise SystemExit("--steps must be at least 4 (three are warm-up) and --rounds at least 1")
+    if args.rounds < 5:
+        raise SystemExit("--rounds must be at least 5 (the bootstrap interval needs rounds)")
+    if not 0 < args.ratio < 1:
+        raise SystemExit(f"--ratio {args.ratio} must lie in (0, 1)")
+    numel = parse_size(args.numel)
     revs = {"old": git("rev-parse", "--short", args.old_rev),
             "new": git("rev-parse", "--short", args.new_rev)}
-    rounds = []
     with tempfile.TemporaryDirectory() as tmp:
-        trees = {}
+        trees = {key: Path(tmp) / key for key in revs}
         for key, rev in revs.items():
-            trees[key] = Path(tmp) / key
             git("worktree", "add", "--detach", str(trees[key]), rev)
+        servers: dict[str, Server] = {}
         try:
+            wanted = [] if args.compressor == "all" else split_list(args.compressor)
+            probe = {key: Server(trees[key], [], 1024, args.ratio, args.threads)
+                     for key in revs}
+            both = sorted(set(probe["old"].registered) & set(probe["new"].registered))
+            for p in probe.values():
+                p.close()
+            unknown = [n for n in wanted if n not in both]
+            if unknown:
+                raise SystemExit(f"not in both revisions: {', '.join(unknown)}; "
+                                 f"choose from: {', '.join(both)}")
+            names = [n for n in (wanted or both) if n != "none"]
+            servers = {key: Server(trees[key], names, numel, args.ratio, args.threads)
+                       for key in revs}
             print(f"old = {revs['old']}, new = {revs['new']}; {args.threads} threads, "
-                  f"{args.numel} float32 elements, medians of {args.steps - 3} steps")
+                  f"{numel} float32 elements, ratio {args.ratio}, {len(names)} compressors, "
+                  f"{args.rounds} rounds", flush=True)
+            for _ in range(WARMUP):
+                for server in servers.values():
+                    server.call(names)
+            pairs: dict[str, list[dict[str, list[float]]]] = {n: [] for n in names}
             for r in range(args.rounds):
-                row = {}
-                for key in (("old", "new") if r % 2 == 0 else ("new", "old")):
-                    done = subprocess.run(
-                        [sys.executable, "-c", CHILD, args.compressor,
-                         str(parse_size(args.numel)), str(args.steps), str(args.threads)],
-                        cwd=trees[key], env={**os.environ, "PYTHONPATH": str(trees[key])},
-                        check=True, capture_output=True, text=True)
-                    row[key] = json.loads(done.stdout.strip().splitlines()[-1])
-                rounds.append(row)
-                print(f"round {r + 1}: " + "; ".join(
-                    f"{name} encode {row['old'][name]['encode_ms']:.2f} -> "
-                    f"{row['new'][name]['encode_ms']:.2f} ms, decode "
-                    f"{row['old'][name]['decode_ms']:.2f} -> {row['new'][name]['decode_ms']:.2f}"
-                    f" ms (floor {row['old'][name]['floor_ms']:.2f} / "
-                    f"{row['new'][name]['floor_ms']:.2f})"
-                    for name in row["old"]), flush=True)
+                order = names[r % len(names):] + names[: r % len(names)]
+                sides = ("old", "new") if r % 2 == 0 else ("new", "old")
+                for name in order:
+                    got = {side: servers[side].call([name])[name] for side in sides}
+                    pairs[name].append(got)
+                if (r + 1) % 10 == 0:
+                    print(f"{r + 1} rounds done", flush=True)
         finally:
+            for server in servers.values():
+                server.close()
             for tree in trees.values():
                 subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
                                capture_output=True, check=False)
-    summary = {}
-    for name in rounds[0]["old"]:
-        summary[name] = {}
-        for what in ("encode_ms", "decode_ms"):
-            ratios = sorted(row["new"][name][what] / row["old"][name][what] for row in rounds)
-            summary[name][what.replace("_ms", "_new_over_old")] = {
-                "median": ratios[len(ratios) // 2], "min": ratios[0], "max": ratios[-1]}
-            print(f"{name} {what[:6]} new/old: median {ratios[len(ratios) // 2]:.3f} "
-                  f"(range {ratios[0]:.3f}-{ratios[-1]:.3f} over {len(ratios)} rounds)")
+    summary = summarise(pairs, args.bound)
+    for name, row in summary.items():
+        for what, s in row.items():
+            print(f"{name:15s} {what}: {s['old_ms']:8.3f} -> {s['new_ms']:8.3f} ms, new/old "
+                  f"median {s['ratio_median']:.3f} (p10-p90 {s['ratio_p10']:.3f}-"
+                  f"{s['ratio_p90']:.3f}; 90% interval of the median "
+                  f"{s['median_ci90'][0]:.3f}-{s['median_ci90'][1]:.3f}): {s['verdict']}")
     if args.json:
-        Path(args.json).write_text(json.dumps({**revs, "threads": args.threads,
-                                               "summary": summary,
-                                               "numel": parse_size(args.numel),
-                                               "steps": args.steps, "rounds": rounds},
-                                              indent=2) + "\n")
+        Path(args.json).write_text(json.dumps(
+            {**revs, "threads": args.threads, "numel": numel, "ratio": args.ratio,
+             "rounds": args.rounds, "bound": args.bound, "summary": summary,
+             "pairs": pairs}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
