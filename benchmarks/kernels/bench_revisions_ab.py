@@ -44,28 +44,29 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 SERVER = r"""
 import json, sys
 import torch
-torch.set_num_threads(int(sys.argv[4]))
+torch.set_num_threads(int(sys.argv[3]))
 import compressors
 from compressors import Session
 from repro import sources
 from repro.bench import exchange_once
-names = [n for n in sys.argv[1].split(",") if n]
-numel, ratio = int(sys.argv[2]), float(sys.argv[3])
+numel, ratio = int(sys.argv[1]), float(sys.argv[2])
 x = sources.synthetic("laplace", numel, 1, 0, 0)[0]
 dest = torch.empty_like(x)
 k = max(1, round(ratio * numel))
 lam = float(x.abs().flatten().kthvalue(numel - k + 1).values)
 sessions, steps = {}, {}
-for name in names:
-    defaults = compressors.default_params(name)
-    params = {"ratio": ratio} if "ratio" in defaults else {}
-    if "lam" in defaults:
-        params["lam"] = lam
-    sessions[name] = Session(compressors.build(name, **params), rank=0, world_size=1,
-                             feedback="none", seed=0, check_finite=False, measure=False)
-    steps[name] = 0
+def session(name):  # built at the name's first call (a warm-up call)
+    if name not in sessions:
+        defaults = compressors.default_params(name)
+        params = {"ratio": ratio} if "ratio" in defaults else {}
+        if "lam" in defaults:
+            params["lam"] = lam
+        sessions[name] = Session(compressors.build(name, **params), rank=0, world_size=1,
+                                 feedback="none", seed=0, check_finite=False, measure=False)
+        steps[name] = 0
+    return sessions[name]
 def call(name):
-    _, enc, dec = exchange_once(sessions[name], x, steps[name], out=dest)
+    _, enc, dec = exchange_once(session(name), x, steps[name], out=dest)
     steps[name] += 1
     return [enc, dec]
 print(json.dumps({"ready": sorted(compressors.list_compressors())}), flush=True)
@@ -84,13 +85,11 @@ def git(*args: str) -> str:
 class Server:
     """One revision's process: call(names) runs one exchange of each, in that order."""
 
-    def __init__(self, tree: Path, names: list[str], numel: int, ratio: float,
-                 threads: int) -> None:
+    def __init__(self, tree: Path, numel: int, ratio: float, threads: int) -> None:
         env = {**os.environ, "PYTHONPATH": str(tree), "OMP_WAIT_POLICY": "PASSIVE",
                "OMP_NUM_THREADS": str(threads)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER, ",".join(names), str(numel), str(ratio),
-             str(threads)], cwd=tree, env=env, stdin=subprocess.PIPE,
+            [sys.executable, "-c", SERVER, str(numel), str(ratio), str(threads)], cwd=tree, env=env, stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, text=True)
         self.registered = self._read()["ready"]
 
@@ -174,18 +173,14 @@ def main() -> None:
         servers: dict[str, Server] = {}
         try:
             wanted = [] if args.compressor == "all" else split_list(args.compressor)
-            probe = {key: Server(trees[key], [], 1024, args.ratio, args.threads)
-                     for key in revs}
-            both = sorted(set(probe["old"].registered) & set(probe["new"].registered))
-            for p in probe.values():
-                p.close()
+            servers = {key: Server(trees[key], numel, args.ratio, args.threads)
+                       for key in revs}
+            both = sorted(set(servers["old"].registered) & set(servers["new"].registered))
             unknown = [n for n in wanted if n not in both]
             if unknown:
                 raise SystemExit(f"not in both revisions: {', '.join(unknown)}; "
                                  f"choose from: {', '.join(both)}")
             names = [n for n in (wanted or both) if n != "none"]
-            servers = {key: Server(trees[key], names, numel, args.ratio, args.threads)
-                       for key in revs}
             print(f"old = {revs['old']}, new = {revs['new']}; {args.threads} threads, "
                   f"{numel} float32 elements, ratio {args.ratio}, {len(names)} compressors, "
                   f"{args.rounds} rounds", flush=True)
