@@ -12,8 +12,8 @@ Table columns (means are over the logged steps that carry the value):
 | best eval/<metric>   | best evaluation value of the task's quality metric (direction from |
 |                      | the summary's higher_is_better, else from the metric's name)       |
 | time to target (s)   | wall time when the metric first reached the task's target          |
-| samples/s            | mean measured throughput of all workers together                   |
-| projected samples/s  | mean throughput the cost model projects onto the target cluster     |
+| samples/s            | measured throughput, all workers: total samples / total step time  |
+| projected samples/s  | onto the target cluster: projected samples / projected step time   |
 | k̂/k                  | mean estimation quality (selected / target elements)               |
 | density              | mean actual density of the aggregate, |∪ indices| / d               |
 | sent/worker/step     | mean bytes one worker put on the wire per step                     |
@@ -95,16 +95,17 @@ def table_rows(runs: Sequence[Run], extra: Sequence[str] = ()) -> tuple[list[str
     rows = []
     for r in runs:
         best, ttt, status = best_and_target(r)
+        rate = r.throughput()
         best_cell: Any = best
         if len(metrics) > 1 and best is not None:
             best_cell = f"{r.metric}={fmt(best)}"
         row: list[Any] = [
             r.name, r.compressor, r.cfg("compressor.ratio"), r.cfg("cluster.workers"), r.task,
             r.data_source, "done" if r.done else "running/incomplete", r.last("loss"), best_cell,
-            ttt if ttt is not None else status, r.mean("samples_per_s"),
+            ttt if ttt is not None else status, rate.samples_per_s,
         ]
         if with_projected:
-            row.append(r.mean("projected/samples_per_s"))
+            row.append(rate.projected_samples_per_s)
         compress, comm = r.mean("compress_s"), r.mean("comm_s")
         row += [r.mean("estimation_quality"), r.mean("density"), ByteCount(r.mean("bytes_sent")),
                 None if compress is None else compress * 1e3, None if comm is None else comm * 1e3]

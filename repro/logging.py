@@ -326,6 +326,12 @@ class MetricsWriter:
             raise raised from exc
         self.last_step = step
 
+    def throughput(self):
+        """repro.throughput.Throughput of every step logged in this run's metrics.jsonl."""
+        from repro.throughput import throughput
+
+        return throughput(parse_metrics(self.path)[0])
+
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         """RUN_DIR/summary.json, atomically; a failure of the file system raises
         repro.checkpoints.OutputError naming the file."""
@@ -541,9 +547,19 @@ def run_summary_lines(run_dir: str) -> list[str]:
                     f"{num(summary['time_to_target_s'], '.1f')} s)"
         parts.append(text)
     lines = ["done: " + ", ".join(parts)]
-    speed = [f"{num(_mean(series('samples_per_s')), '.1f')} samples/s measured"]
-    projected = _mean(series("projected/samples_per_s"))
-    if projected is not None:
+    from repro.throughput import throughput
+
+    # Total samples / total step time (never a mean of per-step rates): summary.json's,
+    # else computed from the metrics the same way.
+    rate = throughput(records).summary()
+    rate.update({k: summary[k] for k in rate if k in summary})
+    text = f"{num(rate['samples_per_s'], '.1f')} samples/s measured"
+    if _num(rate["step_s_median"]):
+        text += (f" (step {num(rate['step_s_median'], '.3g')} s median, "
+                 f"10-90% {num(rate['step_s_p10'], '.3g')}-{num(rate['step_s_p90'], '.3g')} s)")
+    speed = [text]
+    projected = rate["projected/samples_per_s"]
+    if _num(projected):
         speed.append(f"{num(projected, '.1f')} projected onto the target cluster")
     k_ratio, density = _mean(series("estimation_quality")), _mean(series("density"))
     if k_ratio is not None:

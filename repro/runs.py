@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from repro.logging import CONFIG_FILE, DONE_FILE, METRICS_FILE, parse_metrics, read_summary
+from repro.throughput import Throughput, throughput
 
 WARMUP_STEPS = 1  # steps left out of timing means: one-off set-up costs land in step 0
 LOWER_IS_BETTER = ("perplexity", "loss", "error", "wer", "cer", "mse", "nmse")
@@ -217,6 +218,11 @@ class Run:
         """Mean of `key` over the records that carry it."""
         _, ys = self.series(key)
         return statistics.fmean(ys) if ys else None
+
+    def throughput(self, skip_steps: int = 0) -> Throughput:
+        """The run's rate, total samples / total step time (repro.throughput), over its
+        logged steps from `skip_steps` on; never a mean of per-step rates."""
+        return throughput(self.metrics, skip_steps)
 
     def last(self, key: str) -> float | None:
         _, ys = self.series(key)

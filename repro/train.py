@@ -376,6 +376,10 @@ class Trainer:
             "restarts": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         }
         if self.is_main:
+            # Throughput over every logged step, read back from metrics.jsonl (the steps of
+            # earlier attempts included): total samples / total step time.
+            summary.update(writer.throughput().summary())
+        if self.is_main:
             # summary.json, then DONE (both written whole or not at all): DONE means the
             # summary is complete. If either write fails (disk full) neither is left, so
             # the run never looks finished, and the same command finishes it.
@@ -430,6 +434,9 @@ class Trainer:
         m["comm_s"] = comm_s
         serial = len(self.compressions)
         m["compute_s"] = max(0.0, (step_s - comm_s - serial_compress_s) / serial)
+        # The run's rate is total samples / total step time (repro.throughput), from
+        # `samples`; the per-step rate is for plots over steps only.
+        m["samples"] = global_batch
         m["samples_per_s"] = global_batch / step_s if step_s > 0 else None
         res = self.compressions[0].residuals()
         if res:

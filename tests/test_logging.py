@@ -352,8 +352,9 @@ def test_run_summary_lines_read_the_run(tmp_path):
     assert rlog.run_summary_lines(str(tmp_path)) == []  # no summary: not finished
     w = MetricsWriter(run)
     for step in range(3):
-        w.log(step, loss=2.0 - step, samples_per_s=100.0 + 10 * step,
-              **{"projected/samples_per_s": 1000.0, "estimation_quality": 0.9, "density": 0.01})
+        w.log(step, loss=2.0 - step, samples=110.0, step_s=1.0, samples_per_s=110.0,
+              **{"projected/samples_per_s": 1000.0, "projected/step_s": 0.1,
+                 "estimation_quality": 0.9, "density": 0.01})
     w.log(2, **{"eval/accuracy": 0.75})
     w.write_summary({"steps": 3, "wall_time_s": 12.34, "metric": "accuracy", "target": 0.7,
                      "eval/accuracy": 0.75, "time_to_target_s": 11.0})
@@ -361,7 +362,8 @@ def test_run_summary_lines_read_the_run(tmp_path):
     first, second, third = rlog.run_summary_lines(run)
     assert first == ("done: 3 steps in 12.3 s, loss 0, accuracy 0.75 (target 0.7 reached "
                      "after 11.0 s)")
-    assert second.split() == ["110.0", "samples/s", "measured,", "1000.0", "projected", "onto",
+    assert second.split() == ["110.0", "samples/s", "measured", "(step", "1", "s", "median,",
+                              "10-90%", "1-1", "s),", "1000.0", "projected", "onto",
                               "the", "target", "cluster,", "k̂/k", "0.9,", "density", "0.01"]
     assert third.strip() == f"run dir {run}"
 
