@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -153,6 +154,12 @@ class ClusterConfig:
     target_workers: int = 16
     bandwidth_gbps: float = 25.0
     latency_us: float = 5.0
+    # The network between the ranks. "host": this machine's own (or the cluster's, across
+    # nodes). "emulated": each rank in its own network namespace on one machine, its link
+    # shaped to bandwidth_gbps (tc) with latency_ms of one-way delay added (repro.netem;
+    # root, iproute2, gloo on the CPU). The measured step then includes that link.
+    network: str = "host"
+    latency_ms: float = 0.0
 
 
 @dataclass
@@ -251,6 +258,7 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"cluster.nodes={cfg.cluster.nodes} needs cluster.mode=torchrun (one "
                          f"torchrun per machine); got cluster.mode={cfg.cluster.mode}")
     check_at_least("cluster.sync_every", cfg.cluster.sync_every, 0)
+    check_network(cfg.cluster)
     if cfg.cluster.sync_every and cfg.cluster.mode != "replicas":
         raise ValueError(f"cluster.sync_every={cfg.cluster.sync_every} averages the model replicas "
                          f"of cluster.mode=replicas, but cluster.mode={cfg.cluster.mode} keeps one "
@@ -437,6 +445,40 @@ def build_compressor(cfg: DictConfig, world_size: int):
     return c
 
 
+def check_network(cluster) -> None:
+    """cluster.network and its link settings; an emulated network must be buildable here
+    (repro.netem says in one line what is missing)."""
+    check_choice("cluster.network", cluster.network, ("host", "emulated"))
+    if not 0 < cluster.bandwidth_gbps < math.inf:
+        raise ValueError(f"cluster.bandwidth_gbps={cluster.bandwidth_gbps} must be a finite "
+                         "number > 0 (Gbit/s)")
+    if not 0 <= cluster.latency_ms < math.inf:
+        raise ValueError(f"cluster.latency_ms={cluster.latency_ms} must be a finite number >= 0 "
+                         "(milliseconds of one-way delay on an emulated link)")
+    if cluster.network != "emulated":
+        if cluster.latency_ms:
+            raise ValueError(f"cluster.latency_ms={cluster.latency_ms} delays an emulated link; "
+                             "set cluster.network=emulated, or cluster.latency_ms=0")
+        return
+    wrong = []
+    if cluster.mode not in ("spawn", "torchrun"):
+        wrong.append(f"cluster.mode={cluster.mode} (use spawn or torchrun: real ranks)")
+    if cluster.backend != "gloo" or not str(cluster.device).startswith("cpu"):
+        wrong.append(f"cluster.backend={cluster.backend}, cluster.device={cluster.device} "
+                     "(use gloo on the cpu)")
+    if cluster.nodes != 1:
+        wrong.append(f"cluster.nodes={cluster.nodes} (the emulated ranks share one machine: 1)")
+    if wrong:
+        raise ValueError("cluster.network=emulated runs gloo ranks on this machine; "
+                         + "; ".join(wrong))
+    from repro import netem
+
+    if cluster.workers > netem.MAX_WORKERS:
+        raise ValueError(f"cluster.workers={cluster.workers}: an emulated network links at most "
+                         f"{netem.MAX_WORKERS} ranks")
+    netem.check_available(latency=cluster.latency_ms > 0)
+
+
 def run_name(cfg: DictConfig) -> str:
     if cfg.name:
         return str(cfg.name)
@@ -445,7 +487,11 @@ def run_name(cfg: DictConfig) -> str:
         parts.append(f"r{cfg.compressor.ratio:g}")
     if not cfg.comm_hook:
         parts.append("ddp_allreduce")
-    parts += [f"w{cfg.cluster.workers}", cfg.cluster.mode, cfg.task.name, cfg.task.size, f"s{cfg.seed}"]
+    parts += [f"w{cfg.cluster.workers}", cfg.cluster.mode]
+    if cfg.cluster.network == "emulated":  # the link is part of what the run measures
+        link = f"emu{cfg.cluster.bandwidth_gbps:g}g"
+        parts.append(link + (f"{cfg.cluster.latency_ms:g}ms" if cfg.cluster.latency_ms else ""))
+    parts += [cfg.task.name, cfg.task.size, f"s{cfg.seed}"]
     return "-".join(str(p) for p in parts).replace("/", "_")
 
 

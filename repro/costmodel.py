@@ -7,6 +7,11 @@ bandwidth B (bytes/s):
 DRAGONN's rule compresses a tensor only if T_comp(d) < T_full(d) − T_spr(d), with T_comp the
 compressor's measured encode + decode time, profiled as a function of d (least squares on
 a + b·d over a few sizes).
+
+The model is checked against collectives timed on emulated links of known speed (`repro
+netcheck`, repro/netcheck.py): gloo over TCP is modelled with `algorithms="gloo"` and the
+links' payload rate (`Network.emulated_link`); the projections onto the papers' GPU
+clusters use the ring formulas above (NCCL), which no link on this machine can check.
 """
 
 from __future__ import annotations
@@ -17,6 +22,13 @@ from dataclasses import dataclass, field
 import torch
 
 
+# A 1500-byte MTU TCP/IPv4 segment with timestamps: 1448 payload bytes in a 1514-byte
+# Ethernet frame (header included, as tc's qdiscs count it).
+TCP_PAYLOAD = 1448
+FRAME = 1514
+ALGORITHMS = ("ring", "gloo")
+
+
 @dataclass(frozen=True)
 class Network:
     """A target cluster: K workers, per-link bandwidth in Gbit/s, latency in µs."""
@@ -24,6 +36,15 @@ class Network:
     workers: int = 16
     bandwidth_gbps: float = 25.0
     latency_us: float = 5.0
+    # Fraction of the link rate that carries payload (1.0: the rate is the payload rate).
+    efficiency: float = 1.0
+    # How the collectives are built. "ring": NCCL's rings, every link busy both ways at
+    # once (allgather (K−1)(α + n/B)), broadcast pipelined as scatter + allgather. "gloo":
+    # as gloo runs them over TCP, measured on emulated links (`repro netcheck`): its
+    # allreduce is a ring, but its allgather moves each step's data one way and then the
+    # other (2(K−1)(α + n/B)) and its broadcast sends the whole tensor from the root to
+    # each rank in turn ((K−1)(α + n/B)).
+    algorithms: str = "ring"
 
     def __post_init__(self):
         if self.workers < 1:
@@ -32,10 +53,24 @@ class Network:
             raise ValueError(f"bandwidth_gbps={self.bandwidth_gbps} must be > 0")
         if self.latency_us < 0:
             raise ValueError(f"latency_us={self.latency_us} must be ≥ 0")
+        if not 0 < self.efficiency <= 1:
+            raise ValueError(f"efficiency={self.efficiency} must be in (0, 1]")
+        if self.algorithms not in ALGORITHMS:
+            raise ValueError(f"algorithms={self.algorithms!r}; choose one of {', '.join(ALGORITHMS)}")
+
+    @classmethod
+    def emulated_link(cls, workers: int, bandwidth_gbps: float, latency_ms: float = 0.0
+                      ) -> "Network":
+        """gloo ranks on the links repro.netem builds: tbf counts whole Ethernet frames, so TCP moves
+        TCP_PAYLOAD of every FRAME bytes of the rate (1448 of 1514 with a 1500-byte MTU);
+        latency is the netem delay added to each uplink."""
+        return cls(workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=latency_ms * 1e3,
+                   efficiency=TCP_PAYLOAD / FRAME, algorithms="gloo")
 
     @property
     def bytes_per_s(self) -> float:
-        return self.bandwidth_gbps * 1e9 / 8
+        """Payload bytes per second of one link."""
+        return self.bandwidth_gbps * 1e9 / 8 * self.efficiency
 
     @property
     def alpha(self) -> float:
@@ -49,14 +84,18 @@ class Network:
         return 2 * (k - 1) * (self.alpha + nbytes / (k * self.bytes_per_s))
 
     def allgather_s(self, nbytes_per_worker: float) -> float:
-        """Ring allgather where every worker contributes `nbytes_per_worker`."""
+        """Allgather where every worker contributes `nbytes_per_worker` (`algorithms`)."""
         k = self.workers
         if k == 1:
             return 0.0
-        return (k - 1) * (self.alpha + nbytes_per_worker / self.bytes_per_s)
+        step = self.alpha + nbytes_per_worker / self.bytes_per_s
+        return (k - 1) * step * (2 if self.algorithms == "gloo" else 1)
 
     def broadcast_s(self, nbytes: float) -> float:
-        """Pipelined broadcast: as the scatter + allgather it is usually built from."""
+        """Ring: pipelined, as the scatter + allgather it is usually built from. gloo: the
+        root sends the whole tensor to each other rank in turn."""
+        if self.algorithms == "gloo":
+            return (self.workers - 1) * (self.alpha + nbytes / self.bytes_per_s)
         return self.allreduce_s(nbytes) / 2
 
     def collective_s(self, kind: str, nbytes: float) -> float:

@@ -18,12 +18,20 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callable, args: tuple) -> None:
+def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callable, args: tuple,
+           network: dict | None = None) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world_size
-    )
+    init_method = f"file://{init_file}"
+    if network is not None:
+        # An emulated network (repro.netem): this rank in its own namespace; the
+        # rendezvous and every collective go over its shaped link.
+        from repro import netem
+
+        netem.enter(network["namespaces"][rank])
+        os.environ["GLOO_SOCKET_IFNAME"] = netem.IFACE
+        init_method = f"tcp://{network['master']}:{network['port']}"
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         result: Any = fn(rank, world_size, *args)
         torch.save({"ok": True, "result": result}, os.path.join(out_dir, f"{rank}.pt"))
@@ -34,13 +42,22 @@ def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callabl
         dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 300) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 300,
+              network: Any = None) -> list[Any]:
     """fn(rank, world_size, *args) on `world_size` gloo ranks; the return values by rank.
-    fn must be importable (module level) and return torch.save-able values."""
+    fn must be importable (module level) and return torch.save-able values. With
+    `network` (a repro.netem.EmulatedNetwork of world_size ranks, built), each rank runs
+    in its own namespace and talks over the emulated links only."""
+    spec = None
+    if network is not None:
+        if len(network.namespaces) < world_size:
+            raise ValueError(f"the emulated network links {network.workers} ranks, not {world_size}")
+        spec = {"namespaces": [network.namespace(r) for r in range(world_size)],
+                "master": network.address(0), "port": 29500}
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "rendezvous")
         ctx = mp.start_processes(
-            _entry, args=(world_size, init_file, tmp, fn, args), nprocs=world_size,
+            _entry, args=(world_size, init_file, tmp, fn, args, spec), nprocs=world_size,
             join=False, start_method="spawn",
         )
         import time

@@ -26,7 +26,9 @@ def pytest_collection_modifyitems(config, items):
     """Group markers (unit, kernels, figures; see GROUPS); every heavy test is also slow
     (the lanes nest: quick within default within all); GPU tests skip where no CUDA
     device exists (CI is CPU-only), the compare page's browser tests where no Chromium is
-    installed (.ci/run installs it); nothing else skips."""
+    installed (.ci/run installs it), the emulated network's where namespaces cannot be
+    made (not root, no iproute2: tests/test_netem.py names the reason); nothing else
+    skips."""
     for item in items:
         module = item.path.stem if hasattr(item, "path") else ""
         item.add_marker(getattr(pytest.mark, GROUP_OF.get(module, "unit")))

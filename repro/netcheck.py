@@ -1,0 +1,231 @@
+"""`repro netcheck`: collectives timed on an emulated link beside the cost model's time.
+
+For every (ranks K, link rate B) an emulated network (repro.netem) is built, K gloo
+ranks are started inside it, and each collective is run through the suite's own driver
+(repro.distributed.run: the path the DDP hook takes, unequal allgathers padded to the
+longest after a gather of the lengths). A cell is one collective at one size:
+
+- allreduce: every rank sums `numel` fp32 elements;
+- allgather: every rank contributes `numel` elements;
+- allgather_unequal: rank r contributes ⌈numel·(r+1)/K⌉ (the longest is `numel`);
+- broadcast: rank 0 sends `numel` elements to all.
+
+Each cell runs `warmup` untimed and `repeats` timed rounds; a round starts after a
+barrier and lasts until the slowest rank returns (its time is the max over ranks). The
+report gives the median with its 10th–90th percentile interval, the time the cost model
+(repro.costmodel.Network for this link) projects, and their ratio measured / projected
+per round. A cell of ≥ 8 MB "agrees" when the ratio's whole interval lies within ±20%.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+OPS = ("allreduce", "allgather", "allgather_unequal", "broadcast")
+AGREEMENT = 0.20  # |measured / projected − 1| ≤ 20% on cells of ≥ AGREE_FROM_BYTES
+AGREE_FROM_BYTES = 8_000_000
+
+
+@dataclass
+class Cell:
+    workers: int
+    bandwidth_gbps: float
+    latency_ms: float
+    op: str
+    numel: int
+    measured_s: float  # median over rounds
+    measured_p10_s: float
+    measured_p90_s: float
+    projected_s: float
+    ratio: float  # median over rounds of measured / projected
+    ratio_p10: float
+    ratio_p90: float
+    samples_s: list[float]
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * 4
+
+    @property
+    def judged(self) -> bool:
+        return self.nbytes >= AGREE_FROM_BYTES
+
+    @property
+    def agrees(self) -> bool | None:
+        """Within ±20% over the whole interval (None: the cell is below 8 MB)."""
+        if not self.judged:
+            return None
+        return 1 - AGREEMENT <= self.ratio_p10 and self.ratio_p90 <= 1 + AGREEMENT
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(bytes=self.nbytes, agrees=self.agrees)
+        return d
+
+
+def _quantile(values: list[float], q: float) -> float:
+    from repro.throughput import percentile
+
+    return percentile(values, q)
+
+
+# -- the ranks ---------------------------------------------------------------------------
+def _unequal(numel: int, rank: int, world: int) -> int:
+    return max(1, math.ceil(numel * (rank + 1) / world))
+
+
+def _one(request):
+    return (yield request)
+
+
+def _time_cells(rank: int, world: int, cells: list[tuple[str, int]], warmup: int,
+                repeats: int) -> list[list[float]]:
+    """On each rank: every cell's round times (the max over ranks), in cell order."""
+    import torch
+    import torch.distributed as dist
+
+    from compressors.requests import AllGather, AllReduce, Broadcast
+    from repro import distributed
+
+    out = []
+    for op, numel in cells:
+        n = _unequal(numel, rank, world) if op == "allgather_unequal" else numel
+        tensor = torch.zeros(n, dtype=torch.float32)
+        if op == "allreduce":
+            request = AllReduce(tensor)
+        elif op == "broadcast":
+            request = Broadcast(tensor, src=0)
+        else:
+            request = AllGather(tensor)
+        rounds = []
+        for i in range(warmup + repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            distributed.run(_one(request))
+            elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            if i >= warmup:
+                rounds.append(float(elapsed))
+        out.append(rounds)
+    return out
+
+
+# -- the model ---------------------------------------------------------------------------
+def projected_s(op: str, numel: int, network) -> float:
+    """The cost model's time of one cell on `network` (repro.costmodel.Network)."""
+    nbytes = numel * 4
+    if op == "allreduce":
+        return network.allreduce_s(nbytes)
+    if op == "allgather":
+        return network.allgather_s(nbytes)
+    if op == "allgather_unequal":
+        # the driver's two collectives: the lengths (8 bytes a rank), then the padded payloads
+        return network.allgather_s(8) + network.allgather_s(nbytes)
+    if op == "broadcast":
+        return network.broadcast_s(nbytes)
+    raise ValueError(f"unknown collective {op!r}; choose from {', '.join(OPS)}")
+
+
+# -- the check ---------------------------------------------------------------------------
+def run(workers: list[int], bandwidths: list[float], sizes: list[int], ops: list[str],
+        repeats: int = 5, warmup: int = 1, latency_ms: float = 0.0, out=print) -> list[Cell]:
+    """Every (K, B) network in turn; cells in the order of sizes × ops."""
+    from repro import netem
+    from repro.costmodel import Network
+    from repro.testing import run_ranks
+
+    for k in workers:
+        if k < 2:
+            raise ValueError(f"--workers {k}: a collective needs ≥ 2 ranks")
+    bad = [op for op in ops if op not in OPS]
+    if bad:
+        raise ValueError(f"unknown collective(s) {', '.join(bad)}; choose from {', '.join(OPS)}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError("--repeats must be ≥ 1 and --warmup ≥ 0")
+    for b in bandwidths:
+        if not 0 < b < math.inf:
+            raise ValueError(f"--bandwidth-gbps {b}: a link rate must be a finite number > 0")
+    netem.check_available(latency=latency_ms > 0)  # one line, before anything is built
+    cells: list[Cell] = []
+    plan = [(op, n) for n in sizes for op in ops]
+    for k in workers:
+        for b in bandwidths:
+            model = Network.emulated_link(k, b, latency_ms)
+            t0 = time.perf_counter()
+            with netem.emulated(k, b, latency_ms) as net:
+                rounds = run_ranks(_time_cells, k, plan, warmup, repeats, network=net,
+                                   timeout=3600)[0]
+            for (op, n), samples in zip(plan, rounds):
+                proj = projected_s(op, n, model)
+                ratios = [s / proj for s in samples]
+                cells.append(Cell(
+                    workers=k, bandwidth_gbps=b, latency_ms=latency_ms, op=op, numel=n,
+                    measured_s=statistics.median(samples),
+                    measured_p10_s=_quantile(samples, 10), measured_p90_s=_quantile(samples, 90),
+                    projected_s=proj, ratio=statistics.median(ratios),
+                    ratio_p10=_quantile(ratios, 10), ratio_p90=_quantile(ratios, 90),
+                    samples_s=samples))
+            out(f"netcheck: {k} ranks at {b:g} Gbit/s done in {time.perf_counter() - t0:.0f} s")
+    return cells
+
+
+def _mb(nbytes: int) -> str:
+    return f"{nbytes / 1e6:g} MB"
+
+
+def table(cells: list[Cell]) -> list[str]:
+    """The report as aligned text lines."""
+    head = ("ranks", "Gbit/s", "collective", "size", "measured s [10-90%]", "projected s",
+            "measured/projected [10-90%]", "±20%")
+    rows = [head]
+    for c in cells:
+        verdict = {True: "yes", False: "NO", None: "(< 8 MB)"}[c.agrees]
+        rows.append((str(c.workers), f"{c.bandwidth_gbps:g}", c.op, _mb(c.nbytes),
+                     f"{c.measured_s:.4f} [{c.measured_p10_s:.4f}-{c.measured_p90_s:.4f}]",
+                     f"{c.projected_s:.4f}",
+                     f"{c.ratio:.3f} [{c.ratio_p10:.3f}-{c.ratio_p90:.3f}]", verdict))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+
+
+def summary_line(cells: list[Cell]) -> str:
+    judged = [c for c in cells if c.judged]
+    agree = sum(bool(c.agrees) for c in judged)
+    return (f"{agree} of {len(judged)} cells of ≥ 8 MB agree with the cost model within "
+            f"±{AGREEMENT:.0%} over their 10-90% interval")
+
+
+def report(cells: list[Cell], command: str) -> dict[str, Any]:
+    """What --json writes: the machine, the command, the model and every cell."""
+    import os
+
+    import torch
+
+    from repro import netem
+
+    return {
+        "command": command,
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "torch": torch.__version__, "cpu_count": os.cpu_count(),
+                    "cpu": platform.processor() or platform.machine()},
+        "link": {k: v for k, v in netem.EmulatedNetwork(2, 1.0).describe().items()
+                 if k in ("qdisc", "mtu")},
+        "model": "repro.costmodel.Network.emulated_link (algorithms=gloo): allreduce "
+                 "2(K-1)(a + n/(K B')), allgather 2(K-1)(a + n/B'), broadcast (K-1)(a + n/B'); "
+                 "B' = link rate x 1448/1514 (TCP payload per Ethernet frame)",
+        "agreement": {"within": AGREEMENT, "from_bytes": AGREE_FROM_BYTES},
+        "summary": summary_line(cells),
+        "cells": [c.as_dict() for c in cells],
+    }
+
+
+def write_json(path: str, data: dict[str, Any]) -> None:
+    from repro.checkpoints import write_text
+
+    write_text(path, json.dumps(data, indent=1) + "\n")
