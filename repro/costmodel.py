@@ -59,12 +59,15 @@ class Network:
             raise ValueError(f"algorithms={self.algorithms!r}; choose one of {', '.join(ALGORITHMS)}")
 
     @classmethod
-    def emulated_link(cls, workers: int, bandwidth_gbps: float, latency_ms: float = 0.0
-                      ) -> "Network":
-        """gloo ranks on the links repro.netem builds: tbf counts whole Ethernet frames, so TCP moves
-        TCP_PAYLOAD of every FRAME bytes of the rate (1448 of 1514 with a 1500-byte MTU);
-        latency is the netem delay added to each uplink."""
-        return cls(workers=workers, bandwidth_gbps=bandwidth_gbps, latency_us=latency_ms * 1e3,
+    def emulated_link(cls, workers: int, bandwidth_gbps: float, latency_ms: float = 0.0,
+                      base_latency_us: float = 0.0) -> "Network":
+        """gloo ranks on the links repro.netem builds: tbf counts whole Ethernet frames, so
+        TCP moves TCP_PAYLOAD of every FRAME bytes of the rate (1448 of 1514 with a
+        1500-byte MTU); α is the link's own per-step latency (`base_latency_us`: the
+        kernel's and gloo's, measured on the link, repro.netcheck.probe_alpha_us) plus the
+        netem delay added to each uplink."""
+        return cls(workers=workers, bandwidth_gbps=bandwidth_gbps,
+                   latency_us=base_latency_us + latency_ms * 1e3,
                    efficiency=TCP_PAYLOAD / FRAME, algorithms="gloo")
 
     @property

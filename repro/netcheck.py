@@ -37,6 +37,7 @@ class Cell:
     workers: int
     bandwidth_gbps: float
     latency_ms: float
+    alpha_us: float  # the model's per-step latency, measured on the link (probe_alpha_us)
     op: str
     numel: int
     measured_s: float  # median over rounds
@@ -93,7 +94,7 @@ def _time_cells(rank: int, world: int, cells: list[tuple[str, int]], warmup: int
     from compressors.requests import AllGather, AllReduce, Broadcast
     from repro import distributed
 
-    out = []
+    out = [[probe_alpha_us()]]
     for op, numel in cells:
         n = _unequal(numel, rank, world) if op == "allgather_unequal" else numel
         tensor = torch.zeros(n, dtype=torch.float32)
@@ -114,6 +115,29 @@ def _time_cells(rank: int, world: int, cells: list[tuple[str, int]], warmup: int
                 rounds.append(float(elapsed))
         out.append(rounds)
     return out
+
+
+def probe_alpha_us(group=None, rounds: int = 21) -> float:
+    """The per-step latency α of the model on this link, measured: the median time of a
+    one-element allreduce (no bandwidth term) over its 2(K−1) ring steps, the largest
+    over the ranks (every rank gets the same value). A collective of every rank of
+    `group`: all must call it, at the same point."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size(group)
+    if world < 2:
+        return 0.0
+    one = torch.zeros(1)
+    dist.barrier(group=group)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        dist.all_reduce(one, group=group)
+        times.append(time.perf_counter() - t0)
+    alpha = torch.tensor([statistics.median(times) / (2 * (world - 1)) * 1e6], dtype=torch.float64)
+    dist.all_reduce(alpha, op=dist.ReduceOp.MAX, group=group)
+    return float(alpha)
 
 
 # -- the model ---------------------------------------------------------------------------
@@ -156,16 +180,17 @@ def run(workers: list[int], bandwidths: list[float], sizes: list[int], ops: list
     plan = [(op, n) for n in sizes for op in ops]
     for k in workers:
         for b in bandwidths:
-            model = Network.emulated_link(k, b, latency_ms)
             t0 = time.perf_counter()
             with netem.emulated(k, b, latency_ms) as net:
-                rounds = run_ranks(_time_cells, k, plan, warmup, repeats, network=net,
-                                   timeout=3600)[0]
+                (alpha_us,), *rounds = run_ranks(_time_cells, k, plan, warmup, repeats,
+                                                 network=net, timeout=3600)[0]
+            model = Network.emulated_link(k, b, latency_ms, base_latency_us=alpha_us)
             for (op, n), samples in zip(plan, rounds):
                 proj = projected_s(op, n, model)
                 ratios = [s / proj for s in samples]
                 cells.append(Cell(
-                    workers=k, bandwidth_gbps=b, latency_ms=latency_ms, op=op, numel=n,
+                    workers=k, bandwidth_gbps=b, latency_ms=latency_ms, alpha_us=alpha_us,
+                    op=op, numel=n,
                     measured_s=statistics.median(samples),
                     measured_p10_s=_quantile(samples, 10), measured_p90_s=_quantile(samples, 90),
                     projected_s=proj, ratio=statistics.median(ratios),
@@ -218,7 +243,9 @@ def report(cells: list[Cell], command: str) -> dict[str, Any]:
                  if k in ("qdisc", "mtu")},
         "model": "repro.costmodel.Network.emulated_link (algorithms=gloo): allreduce "
                  "2(K-1)(a + n/(K B')), allgather 2(K-1)(a + n/B'), broadcast (K-1)(a + n/B'); "
-                 "B' = link rate x 1448/1514 (TCP payload per Ethernet frame)",
+                 "B' = link rate x 1448/1514 (TCP payload per Ethernet frame); a = alpha_us, "
+                 "measured per network by a one-element allreduce (probe_alpha_us) plus the "
+                 "netem delay",
         "agreement": {"within": AGREEMENT, "from_bytes": AGREE_FROM_BYTES},
         "summary": summary_line(cells),
         "cells": [c.as_dict() for c in cells],
@@ -229,3 +256,50 @@ def write_json(path: str, data: dict[str, Any]) -> None:
     from repro.checkpoints import write_text
 
     write_text(path, json.dumps(data, indent=1) + "\n")
+
+
+# -- compressor exchanges on a link --------------------------------------------------------
+def _time_exchanges(rank: int, world: int, names: list[str], sizes: list[int], ratio: float,
+                    warmup: int, repeats: int, seed: int) -> dict[str, list[float]]:
+    """On each rank: every (compressor, size)'s round times, the max over ranks, of one
+    whole exchange (encode, collectives, decode) of a Laplace gradient of that size,
+    through the distributed driver, without error feedback."""
+    import torch
+    import torch.distributed as dist
+
+    import compressors
+    from compressors.session import Session
+    from repro import distributed, sources
+
+    out: dict[str, list[float]] = {}
+    for name in names:
+        params = {} if "ratio" not in compressors.default_params(name) else {"ratio": ratio}
+        compressor = compressors.build(name, **params)
+        for size in sizes:
+            grad = sources.synthetic("laplace", size, world, seed, 0)[rank]
+            session = Session(compressor, rank, world, feedback="none", measure=False)
+            rounds = []
+            for i in range(warmup + repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                distributed.run(session.exchange("grad", grad, step=i))
+                elapsed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+                if i >= warmup:
+                    rounds.append(float(elapsed))
+            out[f"{name}:{size}"] = rounds
+    return out
+
+
+def exchange_times(names: list[str], sizes: list[int], ratio: float, workers: int,
+                   bandwidth_gbps: float, repeats: int = 5, warmup: int = 1,
+                   seed: int = 0) -> dict[tuple[str, int], list[float]]:
+    """Round times (s) of whole compressor exchanges on `workers` gloo ranks joined by an
+    emulated link of `bandwidth_gbps` (repro.netem), by (compressor, size)."""
+    from repro import netem
+    from repro.testing import run_ranks
+
+    with netem.emulated(workers, bandwidth_gbps) as net:
+        got = run_ranks(_time_exchanges, workers, list(names), list(sizes), ratio, warmup,
+                        repeats, seed, network=net, timeout=3600)[0]
+    return {(key.rsplit(":", 1)[0], int(key.rsplit(":", 1)[1])): v for key, v in got.items()}

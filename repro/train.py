@@ -68,8 +68,15 @@ def set_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def network_of(cfg) -> Network:
+def network_of(cfg, base_latency_us: float = 0.0) -> Network:
+    """The cluster a run's steps are projected onto. A run on an emulated network is
+    projected onto links of that kind (gloo over TCP on tc-shaped links, with the link's
+    own latency `base_latency_us` measured on it: Network.emulated_link), so its
+    projection can be set beside what it measured."""
     cl = cfg.cluster
+    if cl.network == "emulated":
+        return Network.emulated_link(cl.target_workers, cl.bandwidth_gbps, cl.latency_ms,
+                                     base_latency_us=base_latency_us)
     return Network(workers=cl.target_workers, bandwidth_gbps=cl.bandwidth_gbps, latency_us=cl.latency_us)
 
 
@@ -494,6 +501,11 @@ class DDPTrainer(Trainer):
         self.model_for_names = self.ddp
         self.model_for_eval = self.model
         self.rank_for_data = rank
+        if self.cfg.cluster.network == "emulated":
+            from repro.netcheck import probe_alpha_us
+
+            # every rank, here: the link's own latency, for the projection onto this link
+            self.network = network_of(self.cfg, base_latency_us=probe_alpha_us())
 
     def setup_compression(self) -> None:
         self.hook_state = self.make_compression(self.rank, self.world_size, {})

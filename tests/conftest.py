@@ -17,7 +17,7 @@ GROUPS = {
                 "test_allocations", "test_finite_fold", "test_thc_rng", "test_imports",
                 "test_context_workspace", "test_bench"),
     "figures": ("test_figures", "test_figures_sidco_dragonn", "test_verdicts", "test_compare",
-                "test_compare_page", "test_runs", "test_figures_long"),
+                "test_compare_page", "test_runs", "test_figures_long", "test_figures_link"),
 }
 GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
 

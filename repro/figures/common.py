@@ -367,3 +367,145 @@ def records_as_rows(runs: Sequence[Run], task: str) -> list[dict[str, Any]]:
             "run_dir": os.path.relpath(r.path),
         })
     return rows
+
+
+# -- measured on an emulated link ------------------------------------------------------------
+
+# Real gloo ranks on an emulated link (cluster.network=emulated, repro.netem): the
+# throughput figures' measured rows. Two ranks, one per core of this machine, at the
+# highest link rate this 2-core host carries as the link, not as its own CPU, for two
+# ranks (`repro netcheck`, results/netcheck/): the papers' 10–100 Gbps exceed it.
+LINK_WORKERS = 2
+LINK_GBPS = 2.5
+MODEL_AGREEMENT = 0.20  # a projection "matches" a measurement within ±20%
+
+
+def link_note(bandwidth_gbps: float = LINK_GBPS, workers: int = LINK_WORKERS) -> str:
+    return (f"measured on an emulated {bandwidth_gbps:g} Gbps link, 2-core CPU compute "
+            f"({workers} gloo ranks)")
+
+
+def link_unavailable() -> str | None:
+    """Why the emulated link cannot be built here (None: it can)."""
+    from repro import netem
+
+    try:
+        netem.check_available()
+    except netem.NetworkUnavailable as exc:
+        return str(exc)
+    return None
+
+
+def link_overrides(bandwidth_gbps: float = LINK_GBPS, workers: int = LINK_WORKERS) -> list[str]:
+    """A run's overrides for real gloo ranks on the emulated link, projected onto that
+    same link (so its projection can be set beside its measurement)."""
+    return ["cluster.mode=spawn", f"cluster.workers={workers}", "cluster.backend=gloo",
+            "cluster.device=cpu", "cluster.nodes=1", "cluster.threads_per_worker=1",
+            "cluster.network=emulated", f"cluster.bandwidth_gbps={bandwidth_gbps:g}",
+            "cluster.latency_ms=0", f"cluster.target_workers={workers}"]
+
+
+def link_runs(ctx: Context, specs: Mapping[str, Sequence[str]], steps: int
+              ) -> dict[str, Run] | str:
+    """One run per spec on the emulated link (link_overrides), `steps` steps, no
+    evaluation; the runs by key, or the reason they cannot run here."""
+    reason = link_unavailable()
+    if reason is not None:
+        return reason
+    common = [*link_overrides(), f"steps={steps}", "eval_every=0", "eval_batches=1"]
+    return {key: load_run(ctx.train([*overrides, *common],
+                                    note=link_note())[0]) for key, overrides in specs.items()}
+
+
+def _per_sample_steps(run: Run) -> list[float]:
+    out = []
+    for rec in run.metrics:
+        if rec.get("step_s") is None or rec["step"] < WARMUP_STEPS:
+            continue
+        samples = rec.get("samples") or (rec.get("samples_per_s") or 0) * rec["step_s"]
+        if samples:
+            out.append(float(rec["step_s"]) / float(samples))
+    return out
+
+
+def measured_throughput_ratio(num: Run, den: Run) -> Spread | None:
+    """num's measured samples/s over den's (total samples over total step time, steps
+    after the warm-up), with the step-by-step interval of `step_ratio`."""
+    a, b = _per_sample_steps(num), _per_sample_steps(den)
+    if not a or not b or min(a) <= 0 or min(b) <= 0:
+        return None
+    return step_ratio(b, a)
+
+
+def measured_part_ratio(num: Run, den: Run, key: str) -> Spread | None:
+    """num's mean per-step `key` (e.g. comm_s) over den's, steps after the warm-up,
+    with the step-by-step interval of `step_ratio`."""
+    a = num.series(key, skip_steps=WARMUP_STEPS)[1]
+    b = den.series(key, skip_steps=WARMUP_STEPS)[1]
+    if not a or not b or min(b) <= 0:
+        return None
+    return step_ratio(a, b)
+
+
+def projection_check(run: Run) -> Spread | None:
+    """Projected over measured step time of a run on the emulated link, projected onto
+    that link (its own compute and compression, the cost model's communication): the
+    overall ratio (sums) with the 10–90% interval of the per-step ratios."""
+    pairs = [(float(r["projected/step_s"]), float(r["step_s"])) for r in run.metrics
+             if r["step"] >= WARMUP_STEPS and r.get("step_s") and r.get("projected/step_s")]
+    if not pairs:
+        return None
+    each = [p / m for p, m in pairs]
+    lo, hi = np.percentile(each, [10, 90])
+    return Spread(sum(p for p, _ in pairs) / sum(m for _, m in pairs), float(lo), float(hi),
+                  len(pairs))
+
+
+def within(spread: Spread | None, tolerance: float = MODEL_AGREEMENT) -> bool | None:
+    """A ratio's interval inside 1 ± tolerance (True), wholly outside it (False), or
+    reaching across its edge (None)."""
+    if spread is None:
+        return None
+    lo, hi = 1 - tolerance, 1 + tolerance
+    if lo <= spread.lo and spread.hi <= hi:
+        return True
+    if spread.hi < lo or spread.lo > hi:
+        return False
+    return None
+
+
+def projection_rows(setting: str, runs: Mapping[str, Run], names: Mapping[str, str],
+                    bandwidth_gbps: float = LINK_GBPS) -> list[Row]:
+    """One row per run on the emulated link: its projected step (the method the figure's
+    projected rows use: measured compute and compression, communication from the cost
+    model) over its measured step, checked within ±20%."""
+    rows = []
+    for key, run in runs.items():
+        check = projection_check(run)
+        rows.append(claim_row(
+            setting, f"{names.get(key, key)}: projected / measured step time", None,
+            None if check is None else check.median, within(check),
+            f"the projection this figure uses matches a measurement on the same link within "
+            f"±{MODEL_AGREEMENT:.0%} (checked on the step-by-step interval)",
+            f"{link_note(bandwidth_gbps)}; the projection onto that link: this run's compute "
+            "and compression plus the cost model's communication (gloo on the emulated link)",
+            "×", interval=None if check is None else check.interval, timed=True))
+    return rows
+
+
+def not_measured_row(setting: str, metric: str, reason: str) -> Row:
+    """The row a measured quantity gets where the emulated link cannot be built."""
+    return claim_row(setting, metric, None, None, None,
+                     "measured on an emulated link (needs root and iproute2)",
+                     f"not measured here: {reason}", rule_name="not run")
+
+
+def measured_split_text(run: Run, name: str) -> str:
+    """`name`'s mean measured step on the link, split: "compute 41.2 ms, compression 3.1
+    ms, communication 5.0 ms" (steps after the warm-up; communication overlaps backward)."""
+    def ms(key: str) -> str:
+        values = run.series(key, skip_steps=WARMUP_STEPS)[1]
+        return "n/a" if not values else f"{1e3 * float(np.mean(values)):.3g} ms"
+
+    return (f"{name}: step {ms('step_s')} = compute {ms('compute_s')}, compression "
+            f"{ms('compress_s')}, communication {ms('comm_s')} (measured)")

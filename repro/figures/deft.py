@@ -28,8 +28,14 @@ from repro.figures.common import (
     LAST_EVALUATIONS,
     errorbars,
     last_evaluations,
+    link_note,
+    link_runs,
+    measured_part_ratio,
+    measured_split_text,
     model_gradients,
+    not_measured_row,
     paired,
+    projection_rows,
     pyplot,
     saved_source,
     smooth,
@@ -672,7 +678,38 @@ def deft_fig7(ctx: Context) -> list[Row]:
                          holds=split[c][2] > split["deft"][2],
                          detail=f"projected {1e3 * split[c][2]:.3f} ms vs DEFT "
                                 f"{1e3 * split['deft'][2]:.3f} ms; " + why, unit="x"))
-    return out
+    spec = CONVERGENCE[ctx.size][workload]
+    return out + _fig7_link_rows(ctx, workload, comps, spec["batch"], 3 if ctx.smoke else 20)
+
+
+def _fig7_link_rows(ctx: Context, workload: str, comps: Sequence[str], batch: int,
+                    steps: int) -> list[Row]:
+    """Selection and communication per iteration measured with real gloo ranks on an
+    emulated link (each sparsifier over DEFT), and the projection of those runs onto that
+    link beside their measurement."""
+    setting = f"{WORKLOADS[workload]['label']}, {link_note()}"
+    ratio = WORKLOADS[workload]["ratio"]
+    runs = link_runs(ctx, {c: [f"task={workload}", f"task.batch_size={batch}", f"compressor={c}",
+                                f"compressor.ratio={ratio}"] for c in comps}, steps)
+    if isinstance(runs, str):
+        return [not_measured_row(setting, "communication / DEFT (measured)", runs)]
+    out: list[Row] = []
+    splits = "; ".join(measured_split_text(runs[c], LABELS[c]) for c in comps)
+    for c in comps:
+        if c == "deft":
+            continue
+        for key, what, threshold, claim in (
+                ("compress_s", "selection", 1.5,
+                 "DEFT's selection is significantly faster (checked > 1.5x)"),
+                ("comm_s", "communication", 1.0, "DEFT communicates less")):
+            ratio_ = measured_part_ratio(runs[c], runs["deft"], key)
+            out.append(judge(setting, f"{what} time {LABELS[c]} / DEFT (measured)", None,
+                             None if ratio_ is None else ratio_.median, claim=claim,
+                             interval=None if ratio_ is None else ratio_.interval,
+                             threshold=threshold, op=">", unit="x",
+                             detail=f"{steps} steps each, worker 0; {splits}; the paper: 16 "
+                                    "V100 workers, slowest worker per iteration"))
+    return out + projection_rows(setting, runs, LABELS)
 
 
 @figure(

@@ -19,6 +19,8 @@ from repro.costmodel import Network, sent_fraction
 from repro.figures.base import Context, Row, all_of, any_of, figure, side
 from repro.figures.common import (
     COLOURS,
+    LINK_GBPS,
+    LINK_WORKERS,
     TIMING_REPEATS,
     Spread,
     bench_cpu_note,
@@ -30,6 +32,9 @@ from repro.figures.common import (
     fmt_size,
     highest,
     label,
+    link_note,
+    link_unavailable,
+    not_measured_row,
     paired,
     param_count,
     pyplot,
@@ -399,6 +404,13 @@ def fig1b(ctx: Context) -> list[Row]:
             row[f"{n}_total_p90_s"] = comp.hi + comm
             row[f"{n}_compression_share"] = comp.median / (comp.median + comm)
         data.append(row)
+    link = _fig1b_link(ctx, ["none", *names], sizes, repeats)
+    if isinstance(link, dict):
+        for row in data:
+            for n in ["none", *names]:
+                m = Spread.of(link[(n, row["numel"])])
+                row[f"{n}_link_total_s"] = m.median
+                row[f"{n}_link_total_p10_s"], row[f"{n}_link_total_p90_s"] = m.interval
     ctx.write_csv("total_overhead", data)
     for n in names:
         ctx.say(f"{n}: γ = {gamma[n]:.4g} of dense bytes")
@@ -421,6 +433,10 @@ def fig1b(ctx: Context) -> list[Row]:
         ax.fill_between(b, [r[f"{n}_total_p10_s"] * 1e3 for r in data],
                         [r[f"{n}_total_p90_s"] * 1e3 for r in data], color=COLOURS[n], alpha=0.2,
                         lw=0)
+    if isinstance(link, dict):
+        for n in ["none", *names]:
+            ax.plot(b, [r[f"{n}_link_total_s"] * 1e3 for r in data], "x--", lw=0.8,
+                    color=COLOURS[n], label=f"{label(n)}, {link_note()}")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tensor size (bytes, fp32)")
@@ -494,6 +510,53 @@ def fig1b(ctx: Context) -> list[Row]:
             "Fig. 1(a): DGC, δ=0.001", "smallest size where compression > 50% of total overhead",
             ref, float(first_half) if first_half else None, None, claim,
             "no size of 2^24 B or more is run at this size", "bytes", rule_name="not run"))
+    return rows + _fig1b_link_rows(ctx, link, data, size_range)
+
+
+def _fig1b_link(ctx: Context, names: list[str], sizes: list[int], repeats: int
+                ) -> dict[tuple[str, int], list[float]] | str:
+    """Round times of whole exchanges (encode, collectives, decode) per compressor and
+    size on real gloo ranks joined by an emulated link, or why they cannot run here."""
+    from repro import netcheck
+
+    reason = link_unavailable()
+    if reason is not None:
+        return reason
+    ctx.say(f"exchanges {link_note()}: {', '.join(names)} at {len(sizes)} sizes")
+    return netcheck.exchange_times(names, sizes, RATIO, LINK_WORKERS, LINK_GBPS,
+                                   repeats=repeats)
+
+
+def _fig1b_link_rows(ctx: Context, link, data: list[dict], size_range: str) -> list[Row]:
+    """Fig. 1(b)'s claims on exchanges measured on the emulated link."""
+    setting = f"{size_range}, δ={RATIO}, {link_note()}"
+    metric = "smallest size where DGC beats full sync (measured)"
+    if isinstance(link, str):
+        return [not_measured_row(setting, metric, link)]
+
+    def span(n: str, numel: int) -> tuple[float, float]:
+        return Spread.of(link[(n, numel)]).interval
+
+    caveat = ("whole exchanges (CPU encode and decode, gloo collectives through the suite's "
+              "driver) of a Laplace tensor, each size decided on the 10–90% intervals of the "
+              "per-round times; the paper: 16 V100 workers at 25 Gbps, beyond what this host "
+              "carries as a link")
+    wins = [r["bytes"] for r in data if r["dgc_link_total_s"] < r["none_link_total_s"]]
+    dgc_vs_full = [side(span("dgc", r["numel"]), r["none_link_total_s"],
+                        ">=" if r["bytes"] < 2**21 else "<") for r in data]
+    rows = [claim_row(
+        setting, metric, ctx.reference_value("16 workers, 25 Gbps, δ=0.001",
+                                             "DGC-vs-full crossover size"),
+        float(min(wins)) if wins else None, all_of(dgc_vs_full),
+        "full synchronisation beats DGC below 2^21 bytes and DGC wins above (medians here: "
+        + (f"DGC first wins at {min(wins)} B" if wins else "DGC never wins") + ")",
+        caveat, "bytes", missing_ok=True, timed=True)]
+    worse = [r["topk_link_total_s"] > r["none_link_total_s"] for r in data]
+    rows.append(claim_row(
+        setting, "sizes where Top-k is worse than full sync (measured)", None, float(sum(worse)),
+        all_of(side(span("topk", r["numel"]), r["none_link_total_s"], ">") for r in data),
+        f"exact Top-k always performs worse than full synchronisation (medians: {sum(worse)} "
+        f"of {len(data)} sizes here)", caveat, "sizes", timed=True))
     return rows
 
 
