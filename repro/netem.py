@@ -51,7 +51,7 @@ class NetworkUnavailable(ValueError):
 
 
 def _run(cmd: Sequence[str], check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(list(cmd), capture_output=True, text=True)
+    done = subprocess.run(list(cmd), capture_output=True, text=True, check=False)
     if check and done.returncode != 0:
         msg = (done.stderr or done.stdout).strip().splitlines()
         raise NetworkUnavailable(f"`{' '.join(cmd)}` failed: {msg[0] if msg else done.returncode}")
@@ -140,9 +140,9 @@ def remove_leftovers() -> list[str]:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a marker this module wrote whole: not proof of anything
         for name in marker.get("namespaces", []):
-            if isinstance(name, str) and name.startswith(PREFIX):
-                if _run(["ip", "netns", "del", name], check=False).returncode == 0:
-                    removed.append(name)
+            if (isinstance(name, str) and name.startswith(PREFIX)
+                    and _run(["ip", "netns", "del", name], check=False).returncode == 0):
+                removed.append(name)
         with contextlib.suppress(OSError):
             os.remove(path)
     return removed

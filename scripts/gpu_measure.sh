@@ -5,6 +5,8 @@
 #   tests     the CUDA tests (pytest -m gpu): every Triton path against its torch twin
 #   bench     `repro bench --device cuda` at 128M fp32, δ = 0.001, every sparsifier and
 #             THC, with the one-read floor and torch.topk in the same rounds
+#   sizes     the same from 2^10 to 2^27 elements (sizes.json): the GPU compression times
+#             that projections onto the papers' GPU clusters read (repro/gpubench.py)
 #   step      a training step through the DDP hook on one GPU (scripts/gpu_step.py):
 #             uncompressed vs sidco_e, dragonn, thc
 #   fwht      the Walsh–Hadamard transform of 2^27 floats: Triton kernel vs torch ops
@@ -25,11 +27,11 @@ set -uo pipefail
 
 stages=("$@")
 [ ${#stages[@]} -eq 0 ] && stages=(all)
-[ "${stages[*]}" = all ] && stages=(env tests bench step fwht replicas)
+[ "${stages[*]}" = all ] && stages=(env tests bench sizes step fwht replicas)
 for s in "${stages[@]}"; do
     case $s in
-        env|tests|bench|step|fwht|replicas|before) ;;
-        *) echo "gpu_measure.sh: unknown stage '$s'; the stages: all env tests bench step fwht replicas before" >&2
+        env|tests|bench|sizes|step|fwht|replicas|before) ;;
+        *) echo "gpu_measure.sh: unknown stage '$s'; the stages: all env tests bench sizes step fwht replicas before" >&2
            exit 2 ;;
     esac
 done
@@ -92,6 +94,10 @@ for s in "${stages[@]}"; do
             ;;
         bench)
             bench bench "$root" "$out/bench.json"
+            ;;
+        sizes)
+            sizes=${SIZES_SWEEP:-1024,4096,16384,65536,262144,1048576,4194304,16777216,67108864,134217728} \
+                REPEATS=${REPEATS:-5} bench sizes "$root" "$out/sizes.json"
             ;;
         step)
             step step 90 env PYTHONPATH="$root" "$py" scripts/gpu_step.py --json "$out/step.json"

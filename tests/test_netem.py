@@ -127,10 +127,11 @@ def test_a_link_carries_its_rate_and_nothing_is_left_afterwards():
         payload_gbps = 0.5 * 1448 / 1514
         assert 0.85 * payload_gbps < gbps < 1.1 * payload_gbps
         # the host's own namespace holds none of the run's addresses, links or routes
-        addrs = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True).stdout
-        links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
-        routes = subprocess.run(["ip", "route", "show", "10.77.0.0/24"], capture_output=True,
-                                text=True).stdout
+        def host(*cmd: str) -> str:
+            return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+
+        addrs, links = host("ip", "-o", "addr"), host("ip", "-o", "link")
+        routes = host("ip", "route", "show", "10.77.0.0/24")
         assert "10.77.0." not in addrs and routes.strip() == ""
         assert not any(f" {p}@" in links or f" {p}:" in links for p in ("p0", "p1", "br0"))
     assert mine(tag) == []
@@ -139,10 +140,9 @@ def test_a_link_carries_its_rate_and_nothing_is_left_afterwards():
 
 @needs_netns
 def test_an_error_inside_the_block_removes_the_network():
-    with pytest.raises(KeyError):
-        with netem.emulated(3, 1.0) as net:
-            tag = net.tag
-            raise KeyError("boom")
+    with pytest.raises(KeyError), netem.emulated(3, 1.0) as net:
+        tag = net.tag
+        raise KeyError("boom")
     assert mine(tag) == []
 
 
