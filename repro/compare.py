@@ -16,7 +16,9 @@ Table columns (means are over the logged steps that carry the value):
 | projected samples/s  | onto the target cluster: projected samples / projected step time   |
 | k̂/k                  | mean estimation quality (selected / target elements)               |
 | density              | mean actual density of the aggregate, |∪ indices| / d               |
-| sent/worker/step     | mean bytes one worker put on the wire per step                     |
+| sent/worker/step     | mean payload one worker contributed per step                       |
+| wire/worker/step     | mean bytes its link carried per step (ring collectives at the run's |
+|                      | worker count: (K−1)× an allgather's payload, 2(K−1)/K× allreduce's) |
 | compress / comm (ms) | mean per-step encode+decode time / communication time              |
 
 Projected values (keys "projected/...") come from the cost model, not from a measurement,
@@ -89,7 +91,8 @@ def table_rows(runs: Sequence[Run], extra: Sequence[str] = ()) -> tuple[list[str
                best_header, "time to target (s)", "samples/s"]
     if with_projected:
         headers.append(projected_header)
-    headers += ["k̂/k", "density", "sent/worker/step", "compress (ms)", "comm (ms)"]
+    headers += ["k̂/k", "density", "sent/worker/step", "wire/worker/step", "compress (ms)",
+                "comm (ms)"]
     for key in extra:
         headers += [f"mean {key}", f"last {key}"]
     rows = []
@@ -108,6 +111,7 @@ def table_rows(runs: Sequence[Run], extra: Sequence[str] = ()) -> tuple[list[str
             row.append(rate.projected_samples_per_s)
         compress, comm = r.mean("compress_s"), r.mean("comm_s")
         row += [r.mean("estimation_quality"), r.mean("density"), ByteCount(r.mean("bytes_sent")),
+                ByteCount(r.mean("wire_bytes")),
                 None if compress is None else compress * 1e3, None if comm is None else comm * 1e3]
         for key in extra:
             row += [r.mean(key), r.last(key)]

@@ -119,6 +119,24 @@ class Network:
         return sum(self.collective_s(kind, nbytes) for kind, nbytes in collectives)
 
 
+def wire_bytes_per_worker(collectives, workers: int) -> float:
+    """Bytes each worker's link carries (each way) for an exchange's collectives ((kind,
+    payload bytes per worker), Outcome.collectives) on `workers` workers, by ring
+    algorithms: an allreduce of n bytes moves 2(K−1)/K·n, an allgather of n-byte
+    payloads (K−1)·n, a pipelined broadcast (K−1)/K·n. The payload a worker contributes
+    ("bytes_sent") compares compressors at K = 2 only; this compares them at any K."""
+    k = workers
+    if k < 2:
+        return 0.0
+    share = {"allreduce": 2 * (k - 1) / k, "allgather": float(k - 1), "broadcast": (k - 1) / k}
+    total = 0.0
+    for kind, nbytes in collectives:
+        if kind not in share:
+            raise ValueError(f"unknown collective {kind!r}; expected allreduce, allgather or broadcast")
+        total += share[kind] * nbytes
+    return total
+
+
 @dataclass
 class LinearProfile:
     """T(d) ≈ intercept + slope·d, fitted from measurements (seconds)."""

@@ -53,6 +53,7 @@ WANDB_NAMES: dict[str, str] = {
     "wall_time": "train/wall_time",
     "skipped": "train/skipped",
     "bytes_sent": "comm/bytes_sent",
+    "wire_bytes": "comm/wire_bytes",
     "comm_s": "comm/time_s",
     "compress_s": "compress/time_s",
     "estimation_quality": "compress/khat_over_k",

@@ -16,8 +16,12 @@ compressor it reports:
 |                              | workers' raw gradients of that step (THC's NMSE)              |
 | ef_norm_rel_final / _mean    | ||residual|| / ||grad||, averaged over workers, at the last    |
 |                              | step / over all steps; None without error feedback            |
-| bytes_per_worker             | bytes one worker puts on the wire per step (from the requests) |
+| bytes_per_worker             | payload one worker contributes per step (from the requests)   |
 | bytes_fraction               | the same over dense fp32 bytes (4·d)                          |
+| wire_bytes_per_worker        | bytes each worker's link carries per step with ring collectives|
+|                              | at this worker count (an allgather: (K−1)× the payload; an    |
+|                              | allreduce: 2(K−1)/K×): what compares allgather- and allreduce-|
+|                              | based compressors beyond 2 workers                            |
 | encode_ms / decode_ms        | median over workers and steps of the compute before the first |
 |                              | request / after the last answer                               |
 
@@ -45,6 +49,7 @@ from compressors import SimulatedGroup
 from compressors.base import check_ratio
 from compressors.session import validate_gradient
 from repro import sources
+from repro.costmodel import wire_bytes_per_worker
 
 # The default comparison: exact Top-k, the shared-seed Random-k baseline, the sampled
 # threshold of DGC, SIDCo's exponential fit and DRAGONN's hashed memory. Names that are
@@ -194,6 +199,7 @@ class _Tally:
         self.nmse: list[float] = []
         self.ef: list[float] = []
         self.bytes: list[int] = []
+        self.wire: list[float] = []
         self.encode: list[float] = []
         self.decode: list[float] = []
         self.rounds: list[int] = []
@@ -289,6 +295,7 @@ def measure(
                 if o.selected is not None and o.target:
                     tally.k_ratio.append(int(o.selected) / int(o.target))
                 tally.bytes.append(o.bytes_sent)
+                tally.wire.append(wire_bytes_per_worker(o.collectives, workers))
                 tally.encode.append(o.encode_s)
                 tally.decode.append(o.decode_s)
                 tally.rounds.append(o.rounds)
@@ -329,6 +336,7 @@ def measure(
             "ef_norm_rel_mean": float(np.mean(t.ef)) if len(t.ef) == steps else None,
             "bytes_per_worker": mean_bytes,
             "bytes_fraction": mean_bytes / (4.0 * size),
+            "wire_bytes_per_worker": float(np.mean(t.wire)),
             "rounds": int(np.max(t.rounds)),
             "encode_ms": 1e3 * float(np.median(t.encode)),
             "decode_ms": 1e3 * float(np.median(t.decode)),
@@ -350,7 +358,7 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     if r0.get("zeros"):
         header += f", {r0['zeros']:g} of the coordinates exact zeros"
     cols = ["compressor", "ratio", "feedback", "k̂/k mean [p5, p95]", "density", "NMSE",
-            "|e|/|g|", "bytes/worker", "of fp32", "enc ms", "dec ms"]
+            "|e|/|g|", "bytes/worker", "of fp32", "wire/worker", "enc ms", "dec ms"]
     rows = []
     for r in results:
         if r["k_ratio_mean"] is None:
@@ -361,7 +369,8 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
             r["compressor"], _fmt(r["ratio"], "g"), r["feedback"], kq,
             f"{r['density_mean']:.4g}", _fmt(r["nmse_mean"], ".4g"),
             _fmt(r["ef_norm_rel_final"], ".3g"), f"{r['bytes_per_worker']:,.0f}",
-            f"{r['bytes_fraction']:.4g}", f"{r['encode_ms']:.2f}", f"{r['decode_ms']:.2f}",
+            f"{r['bytes_fraction']:.4g}", f"{r['wire_bytes_per_worker']:,.0f}",
+            f"{r['encode_ms']:.2f}", f"{r['decode_ms']:.2f}",
         ])
     widths = [max(len(c), *(len(row[i]) for row in rows)) for i, c in enumerate(cols)]
     line = lambda cells: "  ".join(  # noqa: E731
@@ -370,5 +379,7 @@ def format_table(results: Sequence[Mapping[str, Any]]) -> str:
     out += [line(row) for row in rows]
     out.append("k̂/k: selected/target over workers and steps; density: |union of indices|/d of "
                "the aggregate; NMSE vs the exact mean of raw gradients; |e|/|g|: error-feedback "
-               "norm over gradient norm at the last step; times are medians per worker")
+               "norm over gradient norm at the last step; bytes/worker: the payload a worker "
+               "contributes, wire/worker: what its link carries with ring collectives at this "
+               "worker count; times are medians per worker")
     return "\n".join(out)

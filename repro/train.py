@@ -26,7 +26,13 @@ import torch.distributed as dist
 
 from compressors import drive
 from repro import config as config_mod
-from repro.costmodel import EfficiencySelector, Network, profile_compressor, sent_fraction
+from repro.costmodel import (
+    EfficiencySelector,
+    Network,
+    profile_compressor,
+    sent_fraction,
+    wire_bytes_per_worker,
+)
 from repro.distributed import comm_clock
 from repro.hooks import CompressionHookState, StepRecord, WorkerCompression, compression_hook
 
@@ -437,6 +443,10 @@ class Trainer:
         step of a simulated run is a real worker's step, not n workers' in turn."""
         m: dict[str, Any] = {"loss": loss, "lr": self.optimizer.param_groups[0]["lr"]}
         m.update(summarise_records(records))
+        # On each worker's link, by ring algorithms at this run's worker count (the
+        # payload, bytes_sent, only compares compressors at 2 workers).
+        m["wire_bytes"] = sum(wire_bytes_per_worker(r.collectives, self.cfg.cluster.workers)
+                              for r in records)
         m["step_s"] = step_s
         m["comm_s"] = comm_s
         serial = len(self.compressions)

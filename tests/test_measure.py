@@ -17,7 +17,7 @@ FIELDS = {
     "compressor", "params", "feedback", "ratio", "numel", "workers", "steps", "source",
     "zeros", "k_ratio_mean", "k_ratio_p5", "k_ratio_p95", "density_mean", "nmse_mean",
     "ef_norm_rel_final", "ef_norm_rel_mean", "bytes_per_worker", "bytes_fraction", "rounds",
-    "encode_ms", "decode_ms",
+    "encode_ms", "decode_ms", "wire_bytes_per_worker",
 }
 
 
@@ -43,6 +43,10 @@ def test_fields_and_exact_values_for_topk_and_none():
     assert none["k_ratio_mean"] is None and none["ratio"] is None
     assert none["ef_norm_rel_final"] is None  # no error feedback by default
     assert none["bytes_per_worker"] == 4 * SIZE and none["bytes_fraction"] == 1.0
+    # On each worker's link (ring, 3 workers): an allgather carries the 2 others'
+    # payloads, an allreduce 2(K-1)/K = 4/3 of the tensor.
+    assert topk["wire_bytes_per_worker"] == pytest.approx(2 * k * 8)
+    assert none["wire_bytes_per_worker"] == pytest.approx(4 / 3 * 4 * SIZE)
 
 
 def test_nmse_matches_a_direct_computation():

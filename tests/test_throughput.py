@@ -99,3 +99,22 @@ def test_a_runs_reported_rate_is_total_samples_over_total_step_time(tmp_path, mo
     headers, rows = table_rows([load_run(run_dir)])
     assert rows[0][headers.index("samples/s")] == pytest.approx(total, rel=0.005)
     assert os.path.exists(os.path.join(run_dir, "DONE"))
+    # topk's allgathers at 2 workers: the link carries the other worker's payload
+    assert all(r["wire_bytes"] == pytest.approx(r["bytes_sent"]) for r in recs)
+    assert rows[0][headers.index("wire/worker/step")].value == pytest.approx(recs[0]["wire_bytes"])
+
+
+def test_wire_bytes_per_worker_by_ring_algorithms():
+    from repro.costmodel import wire_bytes_per_worker
+
+    payload = [("allgather", 1000)]
+    dense = [("allreduce", 4000)]
+    assert wire_bytes_per_worker(payload, 2) == wire_bytes_per_worker(dense, 2) / 4 == 1000
+    # at 8 workers the allgather's link carries 7 payloads, the allreduce 1.75x the tensor:
+    # a 4x smaller payload no longer means 4x less traffic
+    assert wire_bytes_per_worker(payload, 8) == 7000
+    assert wire_bytes_per_worker(dense, 8) == pytest.approx(7000)
+    assert wire_bytes_per_worker([("broadcast", 800), *payload], 4) == pytest.approx(600 + 3000)
+    assert wire_bytes_per_worker(payload, 1) == 0
+    with pytest.raises(ValueError, match="unknown collective 'gather'"):
+        wire_bytes_per_worker([("gather", 1)], 4)
