@@ -16,11 +16,9 @@ clusters use the ring formulas above (NCCL), which no link on this machine can c
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
-
 
 # A 1500-byte MTU TCP/IPv4 segment with timestamps: 1448 payload bytes in a 1514-byte
 # Ethernet frame (header included, as tc's qdiscs count it).
@@ -60,7 +58,7 @@ class Network:
 
     @classmethod
     def emulated_link(cls, workers: int, bandwidth_gbps: float, latency_ms: float = 0.0,
-                      base_latency_us: float = 0.0) -> "Network":
+                      base_latency_us: float = 0.0) -> Network:
         """gloo ranks on the links repro.netem builds: tbf counts whole Ethernet frames, so
         TCP moves TCP_PAYLOAD of every FRAME bytes of the rate (1448 of 1514 with a
         1500-byte MTU); α is the link's own per-step latency (`base_latency_us`: the
@@ -150,7 +148,7 @@ class LinearProfile:
         return max(0.0, self.intercept + self.slope * numel)
 
     @classmethod
-    def fit(cls, sizes: list[int], seconds: list[float]) -> "LinearProfile":
+    def fit(cls, sizes: list[int], seconds: list[float]) -> LinearProfile:
         if len(sizes) < 2:
             raise ValueError("a profile needs at least two sizes")
         x = torch.tensor(sizes, dtype=torch.float64)
