@@ -165,17 +165,19 @@ class Trainer:
 
     def selector(self) -> EfficiencySelector | None:
         """DRAGONN's efficiency-aware selection (Eq. 1), decided once for every worker: its
-        T_comp profiled once, at the run's number of workers (decoding grows with it),
-        on rank 0, and broadcast, so every rank and simulated worker compresses the same
-        tensors (a profile per rank would put the cut-off at a different size on each,
-        and ranks would issue mismatched collectives)."""
+        T_comp profiled once, on the run's device and at the target cluster's number of
+        workers (decoding grows with it; the network term is the target's), on rank 0,
+        and broadcast, so every rank and simulated worker compresses the same tensors (a
+        profile per rank would put the cut-off at a different size on each, and ranks
+        would issue mismatched collectives)."""
         if not self.cfg.compressor.efficiency_aware:
             return None
         if getattr(self, "_selector", None) is None:
             selector = None
             if self.rank == 0:
                 profile = profile_compressor(self.compressor, sizes=(2**10, 2**14, 2**17),
-                                             repeats=2, workers=self.world_size)
+                                             repeats=2, workers=self.network.workers,
+                                             device=str(self.device))
                 selector = EfficiencySelector(self.network, profile,
                                               sent_fraction(self.compressor))
             if dist.is_initialized() and dist.get_world_size() > 1:

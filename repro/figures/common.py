@@ -38,13 +38,13 @@ COLOURS = {
     "none": "black", "topk": "tab:blue", "dgc": "tab:orange", "redsync": "tab:green",
     "gaussianksgd": "tab:red", "sidco_e": "tab:purple", "sidco_gp": "tab:brown",
     "sidco_p": "tab:pink", "mstopk": "tab:gray", "dragonn": "tab:cyan", "randomk": "tab:olive",
-    "signsgd": "tab:gray",
+    "signsgd": "tab:gray", "dragonn_ea": "darkcyan",
 }
 LABELS = {
     "none": "no compression", "topk": "Top-k", "dgc": "DGC", "redsync": "RedSync",
     "gaussianksgd": "GaussianKSGD", "sidco_e": "SIDCo-E", "sidco_gp": "SIDCo-GP",
     "sidco_p": "SIDCo-P", "mstopk": "MSTopK", "dragonn": "DRAGONN", "randomk": "Random-k",
-    "signsgd": "SignSGD",
+    "signsgd": "SignSGD", "dragonn_ea": "DRAGONN + efficiency-aware selection",
 }
 
 
