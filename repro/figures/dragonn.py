@@ -679,10 +679,10 @@ def table2(ctx: Context) -> list[Row]:
                          "best": r.best(), "projected_samples_per_s": r.projection().samples_per_s,
                          "data_source": r.data_source})
         caveat = _caveat(runs)
-        d_steps, d_time = _time_to(runs[FULL], target) if target else (None, None)
+        d_steps = runs[FULL].steps_to(target) if target else None
         for who, base, name in ((FULL, "dgc", "DGC"), (FULL, "none", "full sync"),
                                 ("dragonn", "dgc", "DGC"), ("dragonn", "none", "full sync")):
-            w_steps, w_time = _time_to(runs[who], target) if target else (None, None)
+            w_time = _time_to(runs[who], target)[1] if target else None
             b_steps, b_time = _time_to(runs[base], target) if target else (None, None)
             claim = f"DRAGONN reaches the target faster than {name}"
             if who != FULL:
