@@ -13,8 +13,21 @@ longest after a gather of the lengths). A cell is one collective at one size:
 Each cell runs `warmup` untimed and `repeats` timed rounds; a round starts after a
 barrier and lasts until the slowest rank returns (its time is the max over ranks). The
 report gives the median with its 10th–90th percentile interval, the time the cost model
-(repro.costmodel.Network for this link) projects, and their ratio measured / projected
-per round. A cell of ≥ 8 MB "agrees" when the ratio's whole interval lies within ±20%.
+projects, and their ratio measured / projected per round. A cell of ≥ 8 MB "agrees"
+when the ratio's whole interval lies within ±20%.
+
+The projection is the larger of two terms, and each cell says which one bounds it:
+
+- link: repro.costmodel.Network.emulated_link, gloo's collectives on links of the rate
+  (payload 1448 of every 1514 bytes), with the per-step latency α measured on the
+  network by a one-element allreduce (probe_alpha_us);
+- host: the links of one machine are carried by its kernel and its cores, which move a
+  limited number of bytes per second whatever the links' rate. For each K and
+  collective, the same collective at the largest size on unshaped links (no tc) gives
+  the host's rate; a cell's host term is the bytes all its links carry over that rate.
+
+A host-bound cell measures this machine, not the emulated link: the figures measure on
+links slow enough to be link-bound (repro.figures.common.LINK_GBPS).
 """
 
 from __future__ import annotations
@@ -38,6 +51,9 @@ class Cell:
     bandwidth_gbps: float
     latency_ms: float
     alpha_us: float  # the model's per-step latency, measured on the link (probe_alpha_us)
+    bound: str  # "link" or "host": the larger term of the projection
+    link_s: float
+    host_s: float
     op: str
     numel: int
     measured_s: float  # median over rounds
@@ -140,6 +156,20 @@ def probe_alpha_us(group=None, rounds: int = 21) -> float:
     return float(alpha)
 
 
+def link_bytes(op: str, numel: int, workers: int) -> int:
+    """Bytes all K ranks' links carry together for one cell (each byte counted once, on
+    the link it leaves by): a ring allreduce 2(K−1)·n, an allgather K(K−1)·n (unequal:
+    padded to the longest), gloo's broadcast (K−1)·n from the root."""
+    n, k = numel * 4, workers
+    if op == "allreduce":
+        return 2 * (k - 1) * n
+    if op in ("allgather", "allgather_unequal"):
+        return k * (k - 1) * n
+    if op == "broadcast":
+        return (k - 1) * n
+    raise ValueError(f"unknown collective {op!r}; choose from {', '.join(OPS)}")
+
+
 # -- the model ---------------------------------------------------------------------------
 def projected_s(op: str, numel: int, network) -> float:
     """The cost model's time of one cell on `network` (repro.costmodel.Network)."""
@@ -178,7 +208,17 @@ def run(workers: list[int], bandwidths: list[float], sizes: list[int], ops: list
     netem.check_available(latency=latency_ms > 0)  # one line, before anything is built
     cells: list[Cell] = []
     plan = [(op, n) for n in sizes for op in ops]
+    largest = max(sizes)
     for k in workers:
+        t0 = time.perf_counter()
+        with netem.emulated(k, math.inf) as net:  # unshaped: the host's own rate
+            _, *host = run_ranks(_time_cells, k, [(op, largest) for op in ops], warmup, repeats,
+                                 network=net, timeout=3600)[0]
+        host_rate = {op: link_bytes(op, largest, k) / statistics.median(t)
+                     for op, t in zip(ops, host)}
+        out(f"netcheck: {k} ranks on unshaped links: "
+            + ", ".join(f"{op} {8 * r / 1e9:.2f} Gbit/s in all" for op, r in host_rate.items())
+            + f" ({time.perf_counter() - t0:.0f} s)")
         for b in bandwidths:
             t0 = time.perf_counter()
             with netem.emulated(k, b, latency_ms) as net:
@@ -186,10 +226,13 @@ def run(workers: list[int], bandwidths: list[float], sizes: list[int], ops: list
                                                  network=net, timeout=3600)[0]
             model = Network.emulated_link(k, b, latency_ms, base_latency_us=alpha_us)
             for (op, n), samples in zip(plan, rounds):
-                proj = projected_s(op, n, model)
+                link = projected_s(op, n, model)
+                host_s = link_bytes(op, n, k) / host_rate[op]
+                proj = max(link, host_s)
                 ratios = [s / proj for s in samples]
                 cells.append(Cell(
                     workers=k, bandwidth_gbps=b, latency_ms=latency_ms, alpha_us=alpha_us,
+                    bound="link" if link >= host_s else "host", link_s=link, host_s=host_s,
                     op=op, numel=n,
                     measured_s=statistics.median(samples),
                     measured_p10_s=_quantile(samples, 10), measured_p90_s=_quantile(samples, 90),
@@ -207,13 +250,13 @@ def _mb(nbytes: int) -> str:
 def table(cells: list[Cell]) -> list[str]:
     """The report as aligned text lines."""
     head = ("ranks", "Gbit/s", "collective", "size", "measured s [10-90%]", "projected s",
-            "measured/projected [10-90%]", "±20%")
+            "bound", "measured/projected [10-90%]", "±20%")
     rows = [head]
     for c in cells:
         verdict = {True: "yes", False: "NO", None: "(< 8 MB)"}[c.agrees]
         rows.append((str(c.workers), f"{c.bandwidth_gbps:g}", c.op, _mb(c.nbytes),
                      f"{c.measured_s:.4f} [{c.measured_p10_s:.4f}-{c.measured_p90_s:.4f}]",
-                     f"{c.projected_s:.4f}",
+                     f"{c.projected_s:.4f}", c.bound,
                      f"{c.ratio:.3f} [{c.ratio_p10:.3f}-{c.ratio_p90:.3f}]", verdict))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
@@ -222,8 +265,10 @@ def table(cells: list[Cell]) -> list[str]:
 def summary_line(cells: list[Cell]) -> str:
     judged = [c for c in cells if c.judged]
     agree = sum(bool(c.agrees) for c in judged)
+    link = [c for c in judged if c.bound == "link"]
     return (f"{agree} of {len(judged)} cells of ≥ 8 MB agree with the cost model within "
-            f"±{AGREEMENT:.0%} over their 10-90% interval")
+            f"±{AGREEMENT:.0%} over their 10-90% interval; of the {len(link)} link-bound "
+            f"cells, {sum(bool(c.agrees) for c in link)} agree")
 
 
 def report(cells: list[Cell], command: str) -> dict[str, Any]:
@@ -241,11 +286,12 @@ def report(cells: list[Cell], command: str) -> dict[str, Any]:
                     "cpu": platform.processor() or platform.machine()},
         "link": {k: v for k, v in netem.EmulatedNetwork(2, 1.0).describe().items()
                  if k in ("qdisc", "mtu")},
-        "model": "repro.costmodel.Network.emulated_link (algorithms=gloo): allreduce "
+        "model": "max(link, host); link: repro.costmodel.Network.emulated_link (algorithms=gloo): allreduce "
                  "2(K-1)(a + n/(K B')), allgather 2(K-1)(a + n/B'), broadcast (K-1)(a + n/B'); "
                  "B' = link rate x 1448/1514 (TCP payload per Ethernet frame); a = alpha_us, "
                  "measured per network by a one-element allreduce (probe_alpha_us) plus the "
-                 "netem delay",
+                 "netem delay; host: link_bytes / the rate of the same collective at the largest "
+                 "size on unshaped links",
         "agreement": {"within": AGREEMENT, "from_bytes": AGREE_FROM_BYTES},
         "summary": summary_line(cells),
         "cells": [c.as_dict() for c in cells],

@@ -176,8 +176,8 @@ class EmulatedNetwork:
                 or not 1 <= self.workers <= MAX_WORKERS:
             raise ValueError(f"workers={self.workers!r}: an emulated network links 1 to "
                              f"{MAX_WORKERS} ranks")
-        if not self.bandwidth_gbps > 0 or self.bandwidth_gbps == float("inf"):
-            raise ValueError(f"bandwidth_gbps={self.bandwidth_gbps!r} must be a finite number > 0")
+        if not self.bandwidth_gbps > 0:  # inf: unshaped links (the host's own capacity)
+            raise ValueError(f"bandwidth_gbps={self.bandwidth_gbps!r} must be a number > 0")
         if not 0 <= self.latency_ms < float("inf"):
             raise ValueError(f"latency_ms={self.latency_ms!r} must be a finite number >= 0")
 
@@ -194,9 +194,12 @@ class EmulatedNetwork:
 
     def describe(self) -> dict[str, Any]:
         return {"network": "emulated", "workers": self.workers,
-                "bandwidth_gbps": self.bandwidth_gbps, "latency_ms": self.latency_ms,
-                "qdisc": "tbf" + ("+netem" if self.latency_ms else ""),
-                "burst_bytes": burst_bytes(self.bandwidth_gbps), "mtu": 1500}
+                "bandwidth_gbps": self.bandwidth_gbps if self.shaped else None,
+                "latency_ms": self.latency_ms,
+                "qdisc": "+".join(q for q, on in (("tbf", self.shaped), ("netem", self.latency_ms))
+                                  if on) or "none",
+                "burst_bytes": burst_bytes(self.bandwidth_gbps) if self.shaped else None,
+                "mtu": 1500}
 
     # -- building and removing ----------------------------------------------------------
     def __enter__(self) -> EmulatedNetwork:
@@ -223,10 +226,16 @@ class EmulatedNetwork:
             self.destroy()
             raise
 
+    @property
+    def shaped(self) -> bool:
+        return self.bandwidth_gbps != float("inf")
+
     def _build(self, names: list[str]) -> None:
-        rate = f"{self.bandwidth_gbps * 1e3:.6g}mbit"
-        shape = ["tbf", "rate", rate, "burst", str(burst_bytes(self.bandwidth_gbps)),
-                 "latency", "100ms"]
+        shape: list[str] = []
+        if self.shaped:
+            rate = f"{self.bandwidth_gbps * 1e3:.6g}mbit"
+            shape = ["tbf", "rate", rate, "burst", str(burst_bytes(self.bandwidth_gbps)),
+                     "latency", "100ms"]
         sw = self.switch
         _run(["ip", "netns", "add", sw])
         self.namespaces.append(sw)  # removed with the others on failure
@@ -243,14 +252,18 @@ class EmulatedNetwork:
             _run(["ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", IFACE])
             _run(["ip", "-n", ns, "link", "set", "lo", "up"])
             _run(["ip", "-n", ns, "link", "set", IFACE, "up"])
-            _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "root", *shape])  # downlink
-            if self.latency_ms > 0:
+            if shape:
+                _run(["tc", "-n", sw, "qdisc", "add", "dev", port, "root", *shape])  # downlink
+            if self.latency_ms > 0 and not shape:
+                _run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", "netem", "delay",
+                      f"{self.latency_ms:g}ms", "limit", "100000"])
+            elif self.latency_ms > 0:
                 # netem delays the uplink, tbf below it sets the rate
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", "handle", "1:",
                       "netem", "delay", f"{self.latency_ms:g}ms", "limit", "100000"])
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "parent", "1:1",
                       "handle", "10:", *shape])
-            else:
+            elif shape:
                 _run(["tc", "-n", ns, "qdisc", "add", "dev", IFACE, "root", *shape])  # uplink
 
     def destroy(self) -> None:
