@@ -20,9 +20,13 @@ rebuild after the first step does not disturb it; in bucket mode the feedback bu
 are re-sliced by parameter when the buckets change. Each bucket's Future holds its
 AVERAGED gradient.
 
+Every collective of a step is done before DDP issues its own after the last bucket, so
+find_unused_parameters and static_graph work (tests/test_hook_contract.py).
+
 No `from __future__ import annotations` here: DDP checks the hook's return annotation.
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -450,6 +454,28 @@ class WorkerCompression:
                 out.append(r)
         return out
 
+    def parameter_residuals(self) -> dict[str, torch.Tensor]:
+        """Each parameter's error-feedback buffer (its residual, or DGC's velocity) by
+        parameter name, flat: a per-tensor Session's own, or its part of a "model" or
+        "bucket" exchange's (DDP's latest buckets where they were rebuilt). Parameters
+        for which nothing is held (no feedback, or not exchanged yet) are absent."""
+        flat_layouts = list(self._bucket_layouts.items())  # oldest first: newer ones win
+        for groups, _ in self._model_plans.values():
+            flat_layouts += [(key, layout) for key, _, layout, _ in groups]
+        flat_keys = {key for key, _ in flat_layouts}
+        out = {}
+        for name, sess in self.sessions.items():
+            r = sess.residual(name)
+            if r is not None and name not in flat_keys:
+                out[name] = r
+        for key, layout in flat_layouts:
+            sess = self.sessions.get(key)
+            r = None if sess is None else sess.residual(key)
+            if r is None or r.numel() != sum(s.numel for s in layout):
+                continue
+            out.update({s.name: r[s.offset: s.offset + s.numel] for s in layout})
+        return out
+
     # Checkpointing: error feedback, compressor state and RNG of every tensor, by name.
     def state_dict(self) -> dict[str, Any]:
         return {
@@ -611,7 +637,10 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
         finish(f.value())
         return buffer
 
-    return run_async(job, state.process_group).then(done)
+    fut = run_async(job, state.process_group).then(done)
+    if last:
+        _drain(fut)
+    return fut
 
 
 def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: int,
@@ -644,8 +673,22 @@ def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: 
         for _, b, h in held:
             h.set_result(b)
 
-    run_async(job, state.process_group).then(done)
+    _drain(run_async(job, state.process_group).then(done))
     return fut
+
+
+def _drain(last_exchange: torch.futures.Future) -> None:
+    """At the step's last bucket: returns only once every exchange of the step has run.
+
+    DDP issues collectives of its own on the backward thread right after the last
+    bucket's hook returns (with find_unused_parameters, the allreduce of which parameters
+    each rank used); the hook's run on the communication thread. Were both in flight at
+    once, each rank could issue them in a different order, and gloo would mismatch them
+    or wait forever. Jobs run in submission order, so the last one done means all are.
+    Nothing of backward is left to overlap with at this point: DDP waits for every
+    bucket's Future right after."""
+    with contextlib.suppress(Exception):  # the Future carries an error to DDP
+        last_exchange.wait()
 
 
 def make(
