@@ -37,6 +37,8 @@ FAMILIES = {
 # threads run late (_skewed).
 OPTIONS = {
     "find_unused_all_used": {"ddp": {"find_unused_parameters": True}, "skewed": True},
+    "find_unused_some_unused": {"ddp": {"find_unused_parameters": True}, "unused": True,
+                                "skewed": True},
     "static_graph": {"ddp": {"static_graph": True}},
     "gradient_as_bucket_view": {"ddp": {"gradient_as_bucket_view": True}},
     "frozen_parameters": {"frozen": True},
@@ -46,7 +48,7 @@ OPTIONS = {
 }
 # One spawn per group (start-up is most of a spawn's time): find_unused_parameters,
 # where a fault shows as ranks waiting on each other, apart from the rest.
-GROUPS = (("find_unused_all_used",),
+GROUPS = (("find_unused_all_used", "find_unused_some_unused"),
           ("static_graph", "gradient_as_bucket_view", "frozen_parameters",
            "no_sync_accumulation", "autocast_bf16_gradients", "autocast_fp16_gradients"))
 # Error-feedback invariant tolerance, relative to the parameter's largest value: the
