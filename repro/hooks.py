@@ -189,6 +189,10 @@ class WorkerCompression:
         name = self._names.get(id(param))
         if name is None:  # no model given: ids are stable for the parameter's lifetime
             name = self._names[id(param)] = f"param{len(self._names)}"
+            # A "model" exchange lays tensors out in this order (the order DDP's first
+            # buckets deliver them in), kept when DDP rebuilds its buckets after the
+            # first step: the error feedback stays on its coordinates.
+            self._order[name] = len(self._order)
         return name
 
     def compress_tensor(self, numel: int) -> bool:
@@ -809,9 +813,10 @@ def make(
     granularity: "default" (the compressor's paper's setting: "model" for DEFT and CLT-k,
         "layer" for the others), "layer" (per parameter), "bucket" (per DDP bucket) or
         "model" (the whole gradient as one exchange, after the last bucket).
-    model: the DDP model, so state is keyed by parameter names (needed for checkpoints
-        and for "model" granularity's layout in parameter order), and so the hook knows
-        from its find_unused_parameters and static_graph whether a parameter can go unused (else
+    model: the DDP model, so state is keyed by parameter names (needed for checkpoints;
+        "model" granularity then lays the gradient out in parameter order, else in the
+        order of DDP's first buckets), and so the hook knows from its
+        find_unused_parameters and static_graph whether a parameter can go unused (else
         it assumes one can: one small collective per exchange even with nonfinite="off").
     selector: DRAGONN's efficiency-aware selection (repro.costmodel.EfficiencySelector),
         given on every rank: rank 0's is broadcast and used by all.

@@ -42,6 +42,7 @@ OPTIONS = {
     "static_graph": {"ddp": {"static_graph": True}},
     "gradient_as_bucket_view": {"ddp": {"gradient_as_bucket_view": True}},
     "frozen_parameters": {"frozen": True},
+    "model_not_given": {"model_given": False},
     "no_sync_accumulation": {"accumulate": 2},
     "autocast_bf16_gradients": {"dtype": torch.bfloat16},
     "autocast_fp16_gradients": {"dtype": torch.float16},
@@ -49,7 +50,7 @@ OPTIONS = {
 # One spawn per group (start-up is most of a spawn's time): find_unused_parameters,
 # where a fault shows as ranks waiting on each other, apart from the rest.
 GROUPS = (("find_unused_all_used", "find_unused_some_unused"),
-          ("static_graph", "gradient_as_bucket_view", "frozen_parameters",
+          ("static_graph", "gradient_as_bucket_view", "frozen_parameters", "model_not_given",
            "no_sync_accumulation", "autocast_bf16_gradients", "autocast_fp16_gradients"))
 # Error-feedback invariant tolerance, relative to the parameter's largest value: the
 # rounding of float32 sums, of the fp16 compressor's values (it keeps no residual), and
