@@ -640,6 +640,7 @@ class CompressionHookState(WorkerCompression):
         self.process_group = process_group
         self.step = 0
         self.resolved = False
+        self.error: NonFiniteGradient | None = None  # raised at the step's end
         self._pending_state: Optional[dict[str, Any]] = None
         # Buckets held until the step's last one arrives (deferred exchanges):
         # (named gradients, bucket buffer, the Future DDP got for it, their usage).
@@ -675,6 +676,14 @@ class CompressionHookState(WorkerCompression):
         if self._pending_state is not None:
             pending, self._pending_state = self._pending_state, None
             self.load_state_dict(pending)
+
+    def hold_error(self, error: NonFiniteGradient, buffers: list[torch.Tensor]) -> None:
+        """A NaN or Inf found by an exchange (nonfinite="error"): its buckets are zeroed
+        (a loop that steps anyway applies nothing of them) and the error is raised from
+        backward at the step's end (_end_of_step), the first if several."""
+        torch._foreach_zero_(buffers)
+        if self.error is None:
+            self.error = error
 
     def usage(self, params: list[torch.Tensor]) -> list[bool] | None:
         """Whether this rank used each of a bucket's parameters in this step, where DDP may
@@ -731,13 +740,14 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
                                       buffer=buffer, used=used)
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        finish(f.value())
+        try:
+            finish(f.value())
+        except NonFiniteGradient as exc:
+            state.hold_error(exc, [buffer])
         return buffer
 
     fut = run_async(job, state.process_group).then(done)
-    if last:
-        _drain(fut)
-    return fut
+    return _end_of_step(state, fut, fut) if last else fut
 
 
 def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: int,
@@ -762,21 +772,25 @@ def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: 
     def done(f: torch.futures.Future) -> None:
         try:
             finish(f.value())
+        except NonFiniteGradient as exc:
+            state.hold_error(exc, [b for _, b, *_ in held])
         except BaseException as exc:  # every bucket's Future carries the error
             for _, _, h, _ in held:
                 h.set_exception(exc)
             return
-        if not state.skipped:  # a skipped step is as if it never happened
-            state.step += 1
+        else:
+            if not state.skipped:  # a skipped step is as if it never happened
+                state.step += 1
         for _, b, h, _ in held:
             h.set_result(b)
 
-    _drain(run_async(job, state.process_group).then(done))
-    return fut
+    return _end_of_step(state, run_async(job, state.process_group).then(done), fut)
 
 
-def _drain(last_exchange: torch.futures.Future) -> None:
-    """At the step's last bucket: returns only once every exchange of the step has run.
+def _end_of_step(state: CompressionHookState, last_exchange: torch.futures.Future,
+                 fut: torch.futures.Future) -> torch.futures.Future:
+    """The step's last bucket (its Future `fut`): returns only once every exchange of the
+    step has run, then raises a NonFiniteGradient one of them found from backward.
 
     DDP issues collectives of its own on the backward thread right after the last
     bucket's hook returns (with find_unused_parameters, the allreduce of which parameters
@@ -787,6 +801,30 @@ def _drain(last_exchange: torch.futures.Future) -> None:
     bucket's Future right after."""
     with contextlib.suppress(Exception):  # the Future carries an error to DDP
         last_exchange.wait()
+    error, state.error = state.error, None
+    if error is not None and not _raise_after_backward(error):
+        failed: torch.futures.Future = torch.futures.Future()
+        failed.set_exception(error)
+        return failed
+    return fut
+
+
+def _raise_after_backward(error: BaseException) -> bool:
+    """Raise `error` from the backward pass that is running once DDP has finished its
+    part of it, so that `except NonFiniteGradient` around backward catches it (DDP wraps
+    an error a hook's Future carries in a RuntimeError) and the next step starts
+    cleanly. A callback queued now runs before the one DDP queues after this last bucket
+    (its finalisation); it queues the raise behind DDP's. False outside backward."""
+    engine = torch.autograd.Variable._execution_engine
+
+    def raise_error() -> None:
+        raise error
+
+    try:
+        engine.queue_callback(lambda: engine.queue_callback(raise_error))
+    except RuntimeError:
+        return False
+    return True
 
 
 def make(
@@ -825,8 +863,10 @@ def make(
         global norm times world_size^-1/2 before error feedback accumulates it (holds the
         buckets until the last one, as "model" does). None: off.
     nonfinite: what every rank does when any rank's gradient holds a NaN or an Inf,
-        decided together in one small collective per exchange: "error" (every rank raises
-        NonFiniteGradient naming the step, the tensor and the rank), "skip" (every rank
+        decided together in one small collective per exchange: "error" (every rank's
+        backward() raises NonFiniteGradient, naming the step, the tensor and the rank,
+        once DDP has finished the step: `except NonFiniteGradient` around backward
+        catches it, with that exchange's gradients zeroed), "skip" (every rank
         skips the step as torch.amp.GradScaler does: error feedback untouched, gradients
         zeroed, `state.skipped` True: do not step the optimizer; holds the buckets until
         the last one) or "off" (no check).

@@ -224,3 +224,47 @@ def test_the_hook_keeps_its_contract_under_each_ddp_option(option):
         assert not bad, (f"{option}, {name}: raw ≠ applied + residual (relative error, "
                          f"tolerance {tolerance:g}): {bad}")
 
+
+def test_a_users_torchrun_script_with_a_branch_unused_on_some_steps(tmp_path):
+    """tests/ddp_user_script.py under torchrun on 3 ranks: DDP with
+    find_unused_parameters=True and a branch unused on some steps (by every rank on some,
+    by one rank on others) trains 20 steps with each of topk, deft and sidco_e, the
+    replicas identical after every step; a NaN on one rank's loss is caught as
+    NonFiniteGradient around backward on every rank, and the run goes on."""
+    import json
+    import math
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    root = os.path.dirname(here)
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    # Its own session, so that everything torchrun started can be ended together.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+         str(WORKERS), os.path.join(here, "ddp_user_script.py"), str(tmp_path)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+    assert proc.returncode == 0, output[-6000:]
+    reports = [json.loads((tmp_path / f"{r}.json").read_text()) for r in range(WORKERS)]
+    for name in ("topk", "deft", "sidco_e"):
+        runs = [report[name] for report in reports]
+        for run in runs:
+            assert len(run["losses"]) == 20 and not run["caught"], name
+            assert run["steps"] == 20 and all(math.isfinite(x) for x in run["losses"]), name
+        assert len({run["params"] for run in runs}) == 1, name
+    nan = [report["nan"] for report in reports]
+    for run in nan:
+        assert [c["step"] for c in run["caught"]] == [1]
+        assert "step 1: gradient" in run["caught"][0]["message"]
+        assert "contains NaN on rank 1" in run["caught"][0]["message"]
+        assert len(run["losses"]) == 3
+    assert len({run["params"] for run in nan}) == 1
