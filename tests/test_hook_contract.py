@@ -25,11 +25,13 @@ pytestmark = pytest.mark.distributed
 
 WORKERS = 3
 STEPS = 4
+# name (or name/granularity) → the compressor's parameters
 FAMILIES = {
     "none": {}, "fp16": {},  # dense
     "topk": {"ratio": 0.05}, "sidco_e": {"ratio": 0.05},  # sparse allgather
     "deft": {"ratio": 0.05}, "cltk": {"ratio": 0.05},  # one exchange of the whole model
     "thc": {}, "powersgd": {},
+    "topk/bucket": {"ratio": 0.05},  # each DDP bucket as one tensor
 }
 # What each option sets: DDP's keyword arguments, the parameters' dtype (trained under
 # autocast to it), micro-batches accumulated under no_sync per step, a frozen layer, a
@@ -121,7 +123,9 @@ def _train(rank: int, option: str, name: str) -> dict:
     torch.manual_seed(0)
     model = Net(opts.get("frozen", False)).to(dtype)
     ddp = DDP(model, bucket_cap_mb=0.01, **opts.get("ddp", {}))
-    state, hook = repro.hooks.make(name, model=ddp if opts.get("model_given", True) else None,
+    compressor, _, granularity = name.partition("/")
+    state, hook = repro.hooks.make(compressor, granularity=granularity or "default",
+                                   model=ddp if opts.get("model_given", True) else None,
                                    **FAMILIES[name])
     names = {id(p): n for n, p in model.named_parameters()}
     raw: dict[str, torch.Tensor] = {}
