@@ -20,15 +20,23 @@ rebuild after the first step does not disturb it; in bucket mode the feedback bu
 are re-sliced by parameter when the buckets change. Each bucket's Future holds its
 AVERAGED gradient.
 
+DDP's options work as users set them: find_unused_parameters and static_graph (a
+parameter no rank used in a step keeps its error feedback: DDP drops its update; every
+collective of the hook is done before DDP's own after the last bucket), no_sync
+accumulation, gradient_as_bucket_view, low-precision gradients, frozen parameters
+(tests/test_hook_contract.py).
+
 No `from __future__ import annotations` here: DDP checks the hook's return annotation.
 """
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 import compressors
 from compressors import MomentumCorrection, Segment, Session
@@ -50,7 +58,7 @@ class NonFiniteGradient(FloatingPointError):
 
 
 def nonfinite_message(reports, named, step: int) -> str:
-    """The one message every worker raises (reports: agree_finite's list)."""
+    """The one message every worker raises (reports: the first list agree returns)."""
     rank, position, kind = reports[0]
     others = ", ".join(f"rank {r} ({named[p][0]!r}, {k})" for r, p, k in reports[1:])
     return (f"step {step}: gradient {named[position][0]!r} contains {kind} on rank {rank}"
@@ -136,7 +144,7 @@ class WorkerCompression:
         self.world_size = world_size
         self.feedback = feedback
         self.seed = seed
-        # The agreement round (agree_finite) checks every gradient before anything is
+        # The agreement round (agree) checks every gradient before anything is
         # compressed; the Sessions then need no check of their own.
         self.check_finite = False
         self.measure = measure
@@ -181,6 +189,10 @@ class WorkerCompression:
         name = self._names.get(id(param))
         if name is None:  # no model given: ids are stable for the parameter's lifetime
             name = self._names[id(param)] = f"param{len(self._names)}"
+            # A "model" exchange lays tensors out in this order (the order DDP's first
+            # buckets deliver them in), kept when DDP rebuilds its buckets after the
+            # first step: the error feedback stays on its coordinates.
+            self._order[name] = len(self._order)
         return name
 
     def compress_tensor(self, numel: int) -> bool:
@@ -196,7 +208,8 @@ class WorkerCompression:
                 or self.nonfinite == "skip")
 
     def step_job(self, named: list[tuple[str, torch.Tensor]], step: int,
-                 buffers: Optional[list[torch.Tensor]] = None):
+                 buffers: list[torch.Tensor] | None = None,
+                 used: list[bool] | None = None):
         """(protocol, finish) for one worker's whole step: every named gradient of the
         model (the simulated trainer's worker, or the DDP hook once the last bucket has
         arrived; `buffers`: the DDP buckets they are views of). Clips locally first where
@@ -206,8 +219,8 @@ class WorkerCompression:
                              "(whole); a worker's whole step has no buckets")
         clip = self.local_clip is not None
         if self.granularity == "model":
-            return self.model(named, step, buffers, clip=clip)
-        return self.layerwise(named, step, buffers=buffers, clip=clip)
+            return self.model(named, step, buffers, clip=clip, used=used)
+        return self.layerwise(named, step, buffers=buffers, clip=clip, used=used)
 
     def clip_locally(self, grads: list[torch.Tensor]) -> None:
         """DGC's local gradient clipping (Lin et al. 2018, Section 3.2), in place: this
@@ -223,59 +236,73 @@ class WorkerCompression:
 
     def layerwise(self, named: list[tuple[str, torch.Tensor]], step: int,
                   buffer: torch.Tensor | None = None,
-                  buffers: Optional[list[torch.Tensor]] = None, clip: bool = False):
+                  buffers: list[torch.Tensor] | None = None, clip: bool = False,
+                  used: list[bool] | None = None):
         """(protocol, finish) for per-tensor compression of `named` gradients; the
         protocol returns outcomes, finish(outcomes) writes the averages back in place.
         `buffer` (or `buffers`): the flat tensor(s) the gradients are views of (DDP
         buckets); when given, finiteness is checked once on each, and per tensor only
         if one fails (to name the tensor in the error). The protocol first agrees with
-        the other workers on finiteness (agree_finite); `clip`: then clips locally."""
+        the other workers on finiteness and, given `used` (whether this worker used each
+        tensor), on the tensors no worker used, which it leaves alone (agree); `clip`:
+        then clips locally."""
         if buffer is not None:
             buffers = [buffer]
-        gens, flags = [], []
-        for name, g in named:
-            if self.compress_tensor(g.numel()):
-                # The average is decoded straight into the gradient where the compressor
-                # can: no full-size buffer per step and no copy back in _finish.
-                gens.append(self.session_for(name).exchange(
-                    name, g, step, finite_checked=True,
-                    out=g if g.is_contiguous() else None))
-                flags.append(True)
-            else:
-                gens.append(self.dense.exchange(name, g, step, writable=True,
-                                                finite_checked=True))
-                flags.append(False)
-        targets = [g for _, g in named]
-        names = [n for n, _ in named]
-        return (self._guarded(lambda: multiplex(gens), named, buffers, step, clip),
-                self._finisher(named, lambda outcomes: self._finish(targets, outcomes, flags,
-                                                                    names)))
+        exchanged: dict[str, list] = {"targets": [], "flags": [], "names": []}
+
+        def exchange(unused: frozenset):
+            gens = []
+            flags, targets, names = exchanged["flags"], exchanged["targets"], exchanged["names"]
+            for i, (name, g) in enumerate(named):
+                if i in unused:
+                    continue
+                if self.compress_tensor(g.numel()):
+                    # The average is decoded straight into the gradient where the compressor
+                    # can: no full-size buffer per step and no copy back in _finish.
+                    gens.append(self.session_for(name).exchange(
+                        name, g, step, finite_checked=True,
+                        out=g if g.is_contiguous() else None))
+                    flags.append(True)
+                else:
+                    gens.append(self.dense.exchange(name, g, step, writable=True,
+                                                    finite_checked=True))
+                    flags.append(False)
+                targets.append(g)
+                names.append(name)
+            return (yield from multiplex(gens))
+
+        return (self._guarded(exchange, named, buffers, step, clip, used),
+                self._finisher(named, lambda outcomes: self._finish(
+                    exchanged["targets"], outcomes, exchanged["flags"], exchanged["names"])))
 
     def model(self, named: list[tuple[str, torch.Tensor]], step: int,
-              buffers: Optional[list[torch.Tensor]] = None, clip: bool = False):
+              buffers: list[torch.Tensor] | None = None, clip: bool = False,
+              used: list[bool] | None = None):
         """(protocol, finish) compressing the worker's whole gradient as ONE tensor
         ("model" granularity): the gradients worth compressing are copied, in the model's
         parameter order, into one flat buffer kept between steps, exchanged once with
         their layout (compressors.Segment per parameter), and the average copied back;
-        the others are reduced densely beside it."""
+        the others are reduced densely beside it. `used`: as for layerwise."""
         key_names = tuple(n for n, _ in named)
         plan = self._model_plans.get(key_names)
         if plan is None:
             plan = self._model_plans[key_names] = self._plan_model(named)
         groups, dense_at = plan
-        return (self._guarded(lambda: self._model_exchange(named, step, groups, dense_at),
-                              named, buffers, step, clip),
+        return (self._guarded(
+                    lambda unused: self._model_exchange(named, step, groups, dense_at, unused),
+                    named, buffers, step, clip, used),
                 self._finisher(named, lambda result: result[1](result[0])))
 
-    def _model_exchange(self, named, step, groups, dense_at):
+    def _model_exchange(self, named, step, groups, dense_at, unused: frozenset):
         """The protocol of `model` once the workers agreed the gradients are finite (and
         they were clipped): copies them into the flat buffers, exchanges, and returns
-        (outcomes, the finish that writes the averages back)."""
-        gens, flags, names, finishers = [], [], [], []
-        dense = list(dense_at)
+        (outcomes, the finish that writes the averages back). The tensors no worker used
+        (`unused`, positions in `named`) keep their error feedback (set_aside)."""
+        gens, flags, names, finishers, put_back = [], [], [], [], []
+        dense = [i for i in dense_at if i not in unused]
         for key, positions, layout, total in groups:
             if not self.enabled:  # dense warm-up: each tensor as DDP's allreduce would
-                dense += positions
+                dense += [i for i in positions if i not in unused]
                 continue
             grads = [named[i][1] for i in positions]
             flat = self._flat.get(key)
@@ -285,6 +312,9 @@ class WorkerCompression:
                 flat = self._flat[key] = torch.empty(total, dtype=like.dtype, device=like.device)
             views = list(flat.split([s.numel for s in layout]))
             torch._foreach_copy_(views, [g.reshape(-1) for g in grads])
+            idle = [seg for i, seg in zip(positions, layout) if i in unused]
+            if idle:
+                put_back.append(self.set_aside(key, idle, flat))
             gens.append(self.session_for(key).exchange(
                 key, flat, step, layout=layout, finite_checked=True, out=flat))
             flags.append(True)
@@ -313,45 +343,85 @@ class WorkerCompression:
                 torch._foreach_copy_(copies_to, copies_from)
 
         outcomes = yield from multiplex(gens)
+        for restore in put_back:
+            restore()
         return outcomes, finish
 
-    # -- finiteness, decided once for all workers ---------------------------------------
+    def set_aside(self, key: str, segments: list[Segment], out: torch.Tensor):
+        """Take `segments` of the flat tensor exchanged under `key` out of one exchange
+        (parameters no worker used in this step, whose update DDP drops): their error
+        feedback is zeroed for the exchange, so the compressor spends nothing on them,
+        and the returned function puts it back afterwards and zeroes their part of the
+        aggregate in `out` (what DDP's zero-filled slots average to)."""
+        state = self.session_for(key).state(key)["feedback"]
+        total = out.numel()
+        kept = {}
+        for buf_name, buf in state.items():
+            if isinstance(buf, torch.Tensor) and buf.numel() == total:
+                parts = [buf[s.offset: s.offset + s.numel] for s in segments]
+                kept[buf_name] = (buf, [part.clone() for part in parts])
+                torch._foreach_zero_(parts)
 
-    def _guarded(self, make_job, named, buffers, step: int, clip: bool):
+        def put_back() -> None:
+            for buf_name, buf in state.items():
+                if not (isinstance(buf, torch.Tensor) and buf.numel() == total):
+                    continue
+                parts = [buf[s.offset: s.offset + s.numel] for s in segments]
+                old, saved = kept.get(buf_name, (None, None))
+                if old is buf:
+                    torch._foreach_copy_(parts, saved)
+                else:  # created by this exchange: nothing was held for them yet
+                    torch._foreach_zero_(parts)
+            torch._foreach_zero_([out[s.offset: s.offset + s.numel] for s in segments])
+        return put_back
+
+    # -- finiteness and use, decided once for all workers --------------------------------
+
+    def _guarded(self, make_job, named, buffers, step: int, clip: bool,
+                 used: list[bool] | None = None):
         """The protocol of one exchange: first the workers agree whether every gradient of
-        it is finite (agree_finite), then, if so, local clipping and the exchange itself
-        (make_job() builds it only then, so nothing is touched before the agreement)."""
-        if self.nonfinite != "off":
-            reports = yield from self.agree_finite(named, buffers)
+        it is finite and, given `used`, which tensors no worker used (agree), then, if
+        all are finite, local clipping and the exchange itself (make_job(unused) builds
+        it only then, so nothing is touched before the agreement)."""
+        unused: frozenset = frozenset()
+        if self.nonfinite != "off" or used is not None:
+            reports, unused = yield from self.agree(named, buffers, used)
             if reports:
                 if self.nonfinite == "error":
                     raise NonFiniteGradient(nonfinite_message(reports, named, step))
                 return SKIPPED
         if clip:
             self.clip_locally([g for _, g in named])
-        return (yield from make_job())
+        return (yield from make_job(unused))
 
-    def agree_finite(self, named, buffers=None):
+    def agree(self, named, buffers=None, used: list[bool] | None = None):
         """One small collective in which every worker reports whether it holds a NaN or
-        an Inf in these gradients, and in which one (first by position); returns
-        [(rank, tensor position, 'NaN' | 'Inf')] for every worker that does, the same
-        list on every worker, so all take the same decision. `buffers` (the DDP buckets
-        the gradients are views of) are checked first, one native read each."""
+        an Inf in these gradients, and in which one (first by position), and, given
+        `used`, which of them it used in this step. Returns ([(rank, tensor position,
+        'NaN' | 'Inf')] for every worker that holds one, the positions no worker used),
+        the same on every worker, so all take the same decisions. `buffers` (the DDP
+        buckets the gradients are views of) are checked first, one native read each."""
         position, kind = -1, 0
-        if not (buffers and all(all_finite(b) for b in buffers)):
+        if self.nonfinite != "off" and not (buffers and all(all_finite(b) for b in buffers)):
             for i, (_, g) in enumerate(named):
                 if not all_finite(g):
                     position, kind = i, 1 if bool(torch.isnan(g).any()) else 2
                     break
         device = named[0][1].device if named else torch.device("cpu")
-        # Each worker fills its own row of a (workers × 2) table, zero elsewhere: one
-        # allreduce gives every worker the whole table.
-        table = torch.zeros(self.world_size, 2, dtype=torch.int64)
-        table[self.rank] = torch.tensor([position + 1, kind])
-        table = yield AllReduce(table.view(-1).to(device))
-        rows = table.view(self.world_size, 2).cpu().tolist()
-        return [(rank, p - 1, "NaN" if k == 1 else "Inf")
-                for rank, (p, k) in enumerate(rows) if p > 0]
+        # Each worker fills its own row of a (workers × 2) table, zero elsewhere, and adds
+        # its use of each tensor: one allreduce gives every worker the whole table and
+        # the number of workers that used each tensor.
+        uses = 0 if used is None else len(used)
+        table = torch.zeros(2 * self.world_size + uses, dtype=torch.int64)
+        table[2 * self.rank: 2 * self.rank + 2] = torch.tensor([position + 1, kind])
+        if used is not None:
+            table[2 * self.world_size:] = torch.tensor(used, dtype=torch.int64)
+        table = (yield AllReduce(table.to(device))).cpu()
+        rows = table[: 2 * self.world_size].view(self.world_size, 2).tolist()
+        reports = [(rank, p - 1, "NaN" if k == 1 else "Inf")
+                   for rank, (p, k) in enumerate(rows) if p > 0]
+        unused = frozenset((table[2 * self.world_size:] == 0).nonzero().flatten().tolist())
+        return reports, unused
 
     def _finisher(self, named, finish):
         """finish for a guarded protocol: a skipped step leaves every gradient zero (so a
@@ -390,9 +460,13 @@ class WorkerCompression:
             groups.append((key, positions, tuple(layout), offset))
         return groups, dense_at
 
-    def whole(self, flat: torch.Tensor, layout: tuple[Segment, ...], step: int):
-        """(protocol, finish) for compressing a flat bucket as one tensor with a layout."""
-        if self.compress_tensor(flat.numel()):
+    def whole(self, flat: torch.Tensor, layout: tuple[Segment, ...], step: int,
+              used: list[bool] | None = None):
+        """(protocol, finish) for compressing a flat bucket as one tensor with a layout.
+        `used` (per segment): as for layerwise; segments no worker used keep their error
+        feedback (set_aside)."""
+        compressed = self.compress_tensor(flat.numel())
+        if compressed:
             key = self.bucket_key(layout)
             gen = self.session_for(key).exchange(key, flat, step, layout=layout, out=flat,
                                                  finite_checked=True)
@@ -401,7 +475,17 @@ class WorkerCompression:
             gen = self.dense.exchange("dense", flat, step, writable=True, finite_checked=True)
             flags, names = [False], ["dense"]
         named = [(s.name, flat[s.offset: s.offset + s.numel]) for s in layout]
-        return (self._guarded(lambda: multiplex([gen]), named, [flat], step, False),
+
+        def exchange(unused: frozenset):
+            restore = None
+            if unused and compressed:
+                restore = self.set_aside(key, [layout[i] for i in sorted(unused)], flat)
+            outcomes = yield from multiplex([gen])
+            if restore is not None:
+                restore()
+            return outcomes
+
+        return (self._guarded(exchange, named, [flat], step, False, used),
                 self._finisher(named, lambda outcomes: self._finish([flat], outcomes, flags,
                                                                     names)))
 
@@ -448,6 +532,28 @@ class WorkerCompression:
             r = sess.residual(name)
             if r is not None:
                 out.append(r)
+        return out
+
+    def parameter_residuals(self) -> dict[str, torch.Tensor]:
+        """Each parameter's error-feedback buffer (its residual, or DGC's velocity) by
+        parameter name, flat: a per-tensor Session's own, or its part of a "model" or
+        "bucket" exchange's (DDP's latest buckets where they were rebuilt). Parameters
+        for which nothing is held (no feedback, or not exchanged yet) are absent."""
+        flat_layouts = list(self._bucket_layouts.items())  # oldest first: newer ones win
+        for groups, _ in self._model_plans.values():
+            flat_layouts += [(key, layout) for key, _, layout, _ in groups]
+        flat_keys = {key for key, _ in flat_layouts}
+        out = {}
+        for name, sess in self.sessions.items():
+            r = sess.residual(name)
+            if r is not None and name not in flat_keys:
+                out[name] = r
+        for key, layout in flat_layouts:
+            sess = self.sessions.get(key)
+            r = None if sess is None else sess.residual(key)
+            if r is None or r.numel() != sum(s.numel for s in layout):
+                continue
+            out.update({s.name: r[s.offset: s.offset + s.numel] for s in layout})
         return out
 
     # Checkpointing: error feedback, compressor state and RNG of every tensor, by name.
@@ -523,6 +629,8 @@ class CompressionHookState(WorkerCompression):
         names = {}
         if model is not None:
             names = {id(p): n.removeprefix("module.") for n, p in model.named_parameters()}
+        # A DDP model given: whether it may leave a parameter unused in a step (below).
+        self._ddp = model if isinstance(model, DistributedDataParallel) else None
         self._arguments = dict(
             feedback=feedback, seed=seed, selector=selector, min_numel=min_numel,
             measure=measure, check_finite=check_finite, names=names,
@@ -532,10 +640,11 @@ class CompressionHookState(WorkerCompression):
         self.process_group = process_group
         self.step = 0
         self.resolved = False
+        self.error: NonFiniteGradient | None = None  # raised at the step's end
         self._pending_state: Optional[dict[str, Any]] = None
         # Buckets held until the step's last one arrives (deferred exchanges):
-        # (named gradients, bucket buffer, the Future DDP got for it).
-        self._held: list[tuple[list, torch.Tensor, torch.futures.Future]] = []
+        # (named gradients, bucket buffer, the Future DDP got for it, their usage).
+        self._held: list[tuple[list, torch.Tensor, torch.futures.Future, Any]] = []
         if dist.is_initialized():
             self.resolve()
 
@@ -568,6 +677,28 @@ class CompressionHookState(WorkerCompression):
             pending, self._pending_state = self._pending_state, None
             self.load_state_dict(pending)
 
+    def hold_error(self, error: NonFiniteGradient, buffers: list[torch.Tensor]) -> None:
+        """A NaN or Inf found by an exchange (nonfinite="error"): its buckets are zeroed
+        (a loop that steps anyway applies nothing of them) and the error is raised from
+        backward at the step's end (_end_of_step), the first if several."""
+        torch._foreach_zero_(buffers)
+        if self.error is None:
+            self.error = error
+
+    def usage(self, params: list[torch.Tensor]) -> list[bool] | None:
+        """Whether this rank used each of a bucket's parameters in this step, where DDP may
+        leave some unused (find_unused_parameters or static_graph, or no DDP model given
+        to tell): None where it cannot. DDP zero-fills the slot of a parameter whose
+        gradient is undefined (unused on this rank), and drops the averaged update of one
+        that no rank used; the exchange then leaves that parameter's error feedback as
+        it is. Used means a defined .grad: zero_grad's default (set_to_none=True) leaves
+        an unused parameter's .grad None; with set_to_none=False DDP copies the stale
+        zeros into the bucket, and the parameter counts as used (zero gradient)."""
+        ddp = self._ddp
+        if ddp is not None and not (ddp.find_unused_parameters or ddp.static_graph):
+            return None
+        return [p.grad is not None for p in params]
+
     def state_dict(self) -> dict[str, Any]:
         if self._pending_state is not None:
             return self._pending_state
@@ -592,9 +723,10 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
     last = bucket.is_last()
     params = bucket.parameters()
     grads = bucket.gradients()
+    used = state.usage(params)
     if state.deferred:  # (the step advances once the exchange is done, unless skipped)
         return _hold(state, [(state.name_of(p), g) for p, g in zip(params, grads)], buffer,
-                     step, last)
+                     step, last, used)
     if last:
         state.step += 1
     if state.granularity == "bucket":
@@ -602,50 +734,97 @@ def compression_hook(state: CompressionHookState, bucket: dist.GradBucket) -> to
         for p, g in zip(params, grads):
             layout.append(Segment(state.name_of(p), offset, g.numel(), tuple(g.shape)))
             offset += g.numel()
-        job, finish = state.whole(buffer, tuple(layout), step)
+        job, finish = state.whole(buffer, tuple(layout), step, used)
     else:
         job, finish = state.layerwise([(state.name_of(p), g) for p, g in zip(params, grads)], step,
-                                      buffer=buffer)
+                                      buffer=buffer, used=used)
 
     def done(f: torch.futures.Future) -> torch.Tensor:
-        finish(f.value())
+        try:
+            finish(f.value())
+        except NonFiniteGradient as exc:
+            state.hold_error(exc, [buffer])
         return buffer
 
-    return run_async(job, state.process_group).then(done)
+    fut = run_async(job, state.process_group).then(done)
+    return _end_of_step(state, fut, fut) if last else fut
 
 
 def _hold(state: CompressionHookState, named: list, buffer: torch.Tensor, step: int,
-          last: bool) -> torch.futures.Future:
+          last: bool, used: list[bool] | None) -> torch.futures.Future:
     """A deferred exchange: each bucket's Future is completed once the step's last bucket
     has arrived and the one exchange of the whole gradient has run. DDP calls the hook
     for every bucket, in order, before it waits on any Future, so holding them is safe."""
     fut: torch.futures.Future = torch.futures.Future()
-    state._held.append((named, buffer, fut))
+    state._held.append((named, buffer, fut, used))
     if not last:
         return fut
     held, state._held = state._held, []
+    every_use = None if used is None else [u for *_, us in held for u in us]
     try:
-        job, finish = state.step_job([ng for n, _, _ in held for ng in n], step,
-                                     buffers=[b for _, b, _ in held])
+        job, finish = state.step_job([ng for n, *_ in held for ng in n], step,
+                                     buffers=[b for _, b, *_ in held], used=every_use)
     except BaseException as exc:
-        for _, _, f in held:
+        for _, _, f, _ in held:
             f.set_exception(exc)
         return fut
 
     def done(f: torch.futures.Future) -> None:
         try:
             finish(f.value())
+        except NonFiniteGradient as exc:
+            state.hold_error(exc, [b for _, b, *_ in held])
         except BaseException as exc:  # every bucket's Future carries the error
-            for _, _, h in held:
+            for _, _, h, _ in held:
                 h.set_exception(exc)
             return
-        if not state.skipped:  # a skipped step is as if it never happened
-            state.step += 1
-        for _, b, h in held:
+        else:
+            if not state.skipped:  # a skipped step is as if it never happened
+                state.step += 1
+        for _, b, h, _ in held:
             h.set_result(b)
 
-    run_async(job, state.process_group).then(done)
+    return _end_of_step(state, run_async(job, state.process_group).then(done), fut)
+
+
+def _end_of_step(state: CompressionHookState, last_exchange: torch.futures.Future,
+                 fut: torch.futures.Future) -> torch.futures.Future:
+    """The step's last bucket (its Future `fut`): returns only once every exchange of the
+    step has run, then raises a NonFiniteGradient one of them found from backward.
+
+    DDP issues collectives of its own on the backward thread right after the last
+    bucket's hook returns (with find_unused_parameters, the allreduce of which parameters
+    each rank used); the hook's run on the communication thread. Were both in flight at
+    once, each rank could issue them in a different order, and gloo would mismatch them
+    or wait forever. Jobs run in submission order, so the last one done means all are.
+    Nothing of backward is left to overlap with at this point: DDP waits for every
+    bucket's Future right after."""
+    with contextlib.suppress(Exception):  # the Future carries an error to DDP
+        last_exchange.wait()
+    error, state.error = state.error, None
+    if error is not None and not _raise_after_backward(error):
+        failed: torch.futures.Future = torch.futures.Future()
+        failed.set_exception(error)
+        return failed
     return fut
+
+
+def _raise_after_backward(error: BaseException) -> bool:
+    """Raise `error` from the backward pass that is running once DDP has finished its
+    part of it, so that `except NonFiniteGradient` around backward catches it (DDP wraps
+    an error a hook's Future carries in a RuntimeError) and the next step starts
+    cleanly. A callback queued now runs before the one DDP queues after this last bucket
+    (its finalisation); it queues the raise behind DDP's. False outside backward."""
+    engine = torch.autograd.Variable._execution_engine
+
+    def raise_error() -> None:
+        raise error
+
+    try:
+        engine.queue_callback(lambda: engine.queue_callback(raise_error))
+    except RuntimeError:
+        return False
+    return True
 
 
 def make(
@@ -672,8 +851,11 @@ def make(
     granularity: "default" (the compressor's paper's setting: "model" for DEFT and CLT-k,
         "layer" for the others), "layer" (per parameter), "bucket" (per DDP bucket) or
         "model" (the whole gradient as one exchange, after the last bucket).
-    model: the DDP model, so state is keyed by parameter names (needed for checkpoints
-        and for "model" granularity's layout in parameter order).
+    model: the DDP model, so state is keyed by parameter names (needed for checkpoints;
+        "model" granularity then lays the gradient out in parameter order, else in the
+        order of DDP's first buckets), and so the hook knows from its
+        find_unused_parameters and static_graph whether a parameter can go unused (else
+        it assumes one can: one small collective per exchange even with nonfinite="off").
     selector: DRAGONN's efficiency-aware selection (repro.costmodel.EfficiencySelector),
         given on every rank: rank 0's is broadcast and used by all.
     min_numel: tensors smaller than this are allreduced densely (a static cut-off).
@@ -681,8 +863,10 @@ def make(
         global norm times world_size^-1/2 before error feedback accumulates it (holds the
         buckets until the last one, as "model" does). None: off.
     nonfinite: what every rank does when any rank's gradient holds a NaN or an Inf,
-        decided together in one small collective per exchange: "error" (every rank raises
-        NonFiniteGradient naming the step, the tensor and the rank), "skip" (every rank
+        decided together in one small collective per exchange: "error" (every rank's
+        backward() raises NonFiniteGradient, naming the step, the tensor and the rank,
+        once DDP has finished the step: `except NonFiniteGradient` around backward
+        catches it, with that exchange's gradients zeroed), "skip" (every rank
         skips the step as torch.amp.GradScaler does: error feedback untouched, gradients
         zeroed, `state.skipped` True: do not step the optimizer; holds the buckets until
         the last one) or "off" (no check).

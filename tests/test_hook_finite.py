@@ -1,5 +1,5 @@
 """Finiteness is checked once per exchange, before anything is compressed, and agreed by
-all workers (WorkerCompression.agree_finite): a bucket is read once; only a failing bucket
+all workers (WorkerCompression.agree): a bucket is read once; only a failing bucket
 is checked per tensor, so the error still names the tensor that holds the NaN/Inf; the
 Sessions do not check again."""
 

@@ -176,10 +176,12 @@ def _nonfinite_worker(rank: int, world: int, name: str, policy: str, bad_step: i
                       skip_batch: int | None, steps: int):
     """A user's DDP loop with repro.hooks.make(nonfinite=policy). Rank 1's loss is NaN at
     `bad_step`; `skip_batch` is a batch this run never trains on (the reference of a run
-    in which that step never happened)."""
+    in which that step never happened). A NonFiniteGradient is caught around backward,
+    as the README shows, and the loop goes on without stepping."""
     import time
 
     import repro.hooks
+    from repro.hooks import NonFiniteGradient
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     model = _mlp()
@@ -187,7 +189,7 @@ def _nonfinite_worker(rank: int, world: int, name: str, policy: str, bad_step: i
     state, hook = repro.hooks.make(name, ratio=0.1, model=ddp, nonfinite=policy)
     ddp.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    skipped = []
+    skipped, errors = [], []
     for step in range(steps):
         if step == skip_batch:
             continue
@@ -199,29 +201,49 @@ def _nonfinite_worker(rank: int, world: int, name: str, policy: str, bad_step: i
         t0 = time.monotonic()
         try:
             loss.backward()
-        except RuntimeError as exc:
-            return {"error": str(exc), "seconds": time.monotonic() - t0}
+        except NonFiniteGradient as exc:
+            errors.append({"step": step, "error": str(exc), "seconds": time.monotonic() - t0,
+                           "zero": all(not bool(p.grad.any()) for p in model.parameters())})
+            continue
         if state.skipped:
             skipped.append(step)
             continue
         opt.step()
     residuals = {n: s.residual(n).clone() for n, s in state.sessions.items()
                  if s.residual(n) is not None}
+    repro.hooks.check_replicas(ddp)
     return {"params": [p.detach().clone() for p in model.parameters()],
-            "residuals": residuals, "skipped": skipped}
+            "residuals": residuals, "skipped": skipped, "errors": errors}
+
+
+def _nonfinite_workers(rank: int, world: int, names: list[str], *args) -> dict:
+    return {name: _nonfinite_worker(rank, world, name, *args) for name in names}
 
 
 @pytest.mark.distributed
-def test_nan_on_one_rank_stops_every_rank_with_the_same_error():
+def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank():
+    """Rank 1's gradient is NaN at step 3 (nonfinite='error'): every rank's backward
+    raises NonFiniteGradient itself (not DDP's RuntimeError around it), naming the step,
+    the tensor and the rank, with the gradients zeroed; the loop that catches it goes on
+    training, and the replicas stay identical. topk exchanges bucket by bucket, deft
+    holds the buckets for one exchange of the whole gradient."""
     from repro.testing import run_ranks
 
-    out = run_ranks(_nonfinite_worker, 3, "topk", "error", 3, None, 6)
-    for r in out:
-        assert "error" in r, r.keys()
-        assert r["seconds"] < 10
-        assert "step 3: gradient" in r["error"] and "contains NaN on rank 1" in r["error"]
-    first = [r["error"][r["error"].index("step 3"):] for r in out]
-    assert len(set(first)) == 1
+    names = ["topk", "deft"]
+    by_rank = run_ranks(_nonfinite_workers, 3, names, "error", 3, None, 6)
+    for name in names:
+        out = [r[name] for r in by_rank]
+        messages = set()
+        for r in out:
+            (error,) = r["errors"]
+            assert error["step"] == 3 and error["seconds"] < 10 and error["zero"], name
+            assert "step 3: gradient" in error["error"], name
+            assert "contains NaN on rank 1" in error["error"], name
+            messages.add(error["error"])
+        assert len(messages) == 1, name
+        for r in out[1:]:
+            for p, q in zip(r["params"], out[0]["params"]):
+                assert torch.equal(p, q), name
 
 
 @pytest.mark.distributed
