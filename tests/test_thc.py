@@ -566,7 +566,10 @@ def test_replica_mode_reproduces_the_recorded_runs(tmp_path, monkeypatch, one_th
     saved = OmegaConf.load(f"{run_dir}/config.yaml")
     assert (saved.cluster.mode, saved.cluster.sync_every) == ("replicas", sync_every)
     losses, accuracy = RECORDED_REPLICA_RUNS[sync_every]
-    assert [r["loss"] for r in read_metrics(run_dir)] == pytest.approx(losses, rel=1e-6)
+    # Within 1e-3: float reductions differ in their last bits between CPU models (the
+    # unsynchronised replicas' losses move by ~4e-5 from one x86 model to another); a
+    # change in what the replica trainer does moves them by far more.
+    assert [r["loss"] for r in read_metrics(run_dir)] == pytest.approx(losses, rel=1e-3)
     assert read_summary(run_dir)["eval/accuracy"] == pytest.approx(accuracy)
 
 
