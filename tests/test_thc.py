@@ -570,7 +570,9 @@ def test_replica_mode_reproduces_the_recorded_runs(tmp_path, monkeypatch, one_th
     # unsynchronised replicas' losses move by ~4e-5 from one x86 model to another); a
     # change in what the replica trainer does moves them by far more.
     assert [r["loss"] for r in read_metrics(run_dir)] == pytest.approx(losses, rel=1e-3)
-    assert read_summary(run_dir)["eval/accuracy"] == pytest.approx(accuracy)
+    # one small evaluation batch: weights that differ in their last bits flip a few of its
+    # predictions between CPU models
+    assert read_summary(run_dir)["eval/accuracy"] == pytest.approx(accuracy, abs=0.05)
 
 
 @pytest.mark.slow
