@@ -447,7 +447,7 @@ class Trainer:
         m.update(summarise_records(records))
         # On each worker's link, by ring algorithms at this run's worker count (the
         # payload, bytes_sent, only compares compressors at 2 workers).
-        m["wire_bytes"] = sum(wire_bytes_per_worker(r.collectives, self.cfg.cluster.workers)
+        m["wire_bytes"] = sum(wire_bytes_per_worker(r.collectives, self.world_size)
                               for r in records)
         m["step_s"] = step_s
         m["comm_s"] = comm_s
