@@ -1,15 +1,18 @@
-"""DGC: Deep Gradient Compression's sampled threshold (Lin et al., ICLR 2018).
+"""DGC: Deep Gradient Compression's sampled threshold (Lin et al., ICLR 2018), as the SIDCo
+authors' code runs it (the DGC variant the SIDCo paper benchmarks).
 
 The k-th largest |acc| is estimated from a small uniform sample instead of sorting the
 tensor: take the top ceil(s·δ) of s sampled magnitudes, use their minimum as the
 threshold, and select every |acc_i| >= threshold in one pass. If the estimate was too
-low and more than `max_overselect`·k elements pass ("~4k/3" in the SIDCo/GRACE code
-that the DRAGONN and SIDCo papers benchmark), an exact top-k runs among the selected
-elements only (the "re-top-k"), which is cheap because they are few.
+low and more than `max_overselect`·k elements pass ("~4k/3" in the SIDCo authors' code),
+an exact top-k runs among the selected elements only (the "re-top-k"), which is cheap
+because they are few.
 
-Under-selection is accepted, as the authors' code accepts it: when fewer than k elements
+Under-selection is accepted, as that variant accepts it: when fewer than k elements
 pass, exactly those are sent (k̂ < k) and error feedback keeps the rest for later steps.
-No second threshold round is run and nothing is padded.
+No second threshold round is run and nothing is padded. DGC's own authors' code differs
+here: it lowers the threshold ×0.8 while fewer than 0.8·k pass and never sends more than
+k, which `dgc_reference` (compressors/dgc_reference.py) does.
 
 `sample_threshold` is shared with DRAGONN (compressors/dragonn.py), whose paper uses the
 same estimator.
@@ -26,8 +29,8 @@ from compressors.base import (
     Context,
     Outcome,
     Protocol,
-    Sparsifier,
     SparseSent,
+    Sparsifier,
     check_ratio,
     index_dtype,
     sparse_mean,
@@ -125,7 +128,9 @@ def smallest_positive(dtype: torch.dtype) -> float:
 
 @register("dgc")
 class DGC(Sparsifier):
-    """Sampled-threshold Top-k with re-top-k on over-selection (see the module docstring).
+    """The SIDCo authors' DGC: sampled-threshold Top-k, re-top-k on over-selection.
+
+    See the module docstring.
 
     ratio: δ = k/d. sample_ratio: fraction of |acc| sampled (1%). max_overselect: re-top-k
     runs when more than max_overselect·k elements pass the threshold (4/3).

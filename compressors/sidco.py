@@ -23,6 +23,23 @@ Every Q = adapt_interval steps the mean k̂/k of those steps moves M (lines 4-7 
 Adapt_Stages, lines 17-22; per tensor and worker, in ctx.state): above 1 + ε_H → M − 1,
 below 1 − ε_L → M + 1, clamped to [1, max_stages].
 
+Start-up. By default M starts at default_initial_stages (each stage keeping about δ₁ of
+its input). The paper starts single-stage and adapts, over-sending in the first steps
+(Section 4.2 on Fig. 3(d), Appendix E.1 on Fig. 9(o)): initial_stages=1. One stage on
+gradients with tails heavier than its fit over-selects (k̂/k ≈ 5 for sidco_e on
+Student-t magnitudes at δ = 0.001, ≈ 11 in the first steps of sidco-fig9's LSTM at
+δ = 0.001), and there the printed rule deadlocks: over-selection gives M − 1 = 0, which
+the clamp returns to 1, so M stays 1 and the run over-sends throughout. Only added
+stages, fitting the tail on what exceeds the first threshold, bring k̂/k down. So with
+initial_stages=1 the rule keeps a floor F (state["floor"], at first 1): a window above
+1 + ε_H at M ≤ F adds a stage and raises F to it; every other move is the printed one
+(above 1 + ε_H at M > F → M − 1, below 1 − ε_L → M + 1). Every count below F has been
+seen over-selecting, so the printed M − 1 there would only send more (on Student-t
+gradients at δ = 0.001 one noisy window at M = 3 takes sidco_e back to 2, then to 1, each
+sending 3–5× k); at F = 1 it is the deadlock. The start-up
+thus adds stages while the windows over-select and keeps the count they settle at. Only
+a run started at one stage does this: the default start keeps the printed rule.
+
 Fits (Thresh_Estimation, lines 9-15; all scale-equivariant, so thresholds on a and on
 |acc| differ only by the norm; each quantile written with L = ln(1/δ_m)):
   exponential   η = t + mean(y)·L                                 y = exceedances − t
@@ -195,7 +212,13 @@ class _SIDCo(ThresholdSparsifier):
         if initial_stages is None:
             initial_stages = min(default_initial_stages(self.ratio, self.first_stage_ratio),
                                  self.max_stages)
-        self.initial_stages = check_positive_int(initial_stages, "initial_stages")
+        elif (isinstance(initial_stages, bool) or not isinstance(initial_stages, int)
+              or initial_stages < 1):
+            raise ValueError(
+                f"initial_stages={initial_stages!r} must be an integer ≥ 1: the stage count "
+                "the first step uses (1: the paper's single-stage start-up; None: "
+                "1 + ⌈ln(δ/δ₁)/ln δ₁⌉, each stage keeping about δ₁ of its input)")
+        self.initial_stages = initial_stages
         if self.initial_stages > self.max_stages:
             raise ValueError(
                 f"initial_stages={initial_stages} exceeds max_stages={self.max_stages}; "
@@ -341,7 +364,9 @@ class _SIDCo(ThresholdSparsifier):
         return nonzero_indices(mag >= threshold), threshold * scale
 
     def _adapt(self, state: dict, quality: float) -> None:
-        """Adapt_Stages (lines 17-22) on the mean k̂/k of the last adapt_interval steps."""
+        """Adapt_Stages (lines 17-22) on the mean k̂/k of the last adapt_interval steps;
+        with initial_stages=1, over-selection at the floor adds a stage (see the module
+        docstring; state["floor"])."""
         state["quality_sum"] = state.get("quality_sum", 0.0) + quality
         state["quality_steps"] = state.get("quality_steps", 0) + 1
         if state["quality_steps"] < self.adapt_interval:
@@ -349,7 +374,14 @@ class _SIDCo(ThresholdSparsifier):
         average = state["quality_sum"] / state["quality_steps"]
         stages = state["stages"]
         if average > 1.0 + self.eps_high:
-            stages -= 1
+            if self.initial_stages == 1 and stages <= state.get("floor", 1):
+                # the single-stage start-up: over-selecting at the floor, where the
+                # printed M − 1 is clamped back to 1 (at M = 1) or returns to a count
+                # that over-selected more, a stage is added and the floor raised to it
+                stages += 1
+                state["floor"] = min(stages, self.max_stages)
+            else:
+                stages -= 1
         elif average < 1.0 - self.eps_low:
             stages += 1
         state["stages"] = min(max(stages, 1), self.max_stages)

@@ -46,6 +46,7 @@ from compressors.session import all_finite, mix_seed
 from compressors.multiplex import multiplex
 from repro.costmodel import EfficiencySelector
 from repro.distributed import run_async
+from repro.schedule import RatioWarmup
 
 
 NONFINITE = ("error", "skip", "off")
@@ -840,6 +841,8 @@ def make(
     measure: bool = False,
     local_clip: Optional[float] = None,
     nonfinite: str = "error",
+    warmup_steps: int = 0,
+    warmup_ratio: float = 0.25,
     **params: Any,
 ) -> tuple[CompressionHookState, Callable]:
     """(state, hook) for `ddp_model.register_comm_hook(state, hook)`.
@@ -870,14 +873,31 @@ def make(
         skips the step as torch.amp.GradScaler does: error feedback untouched, gradients
         zeroed, `state.skipped` True: do not step the optimizer; holds the buckets until
         the last one) or "off" (no check).
+    warmup_steps, warmup_ratio: DGC's sparsity warm-up (repro.schedule.RatioWarmup): the
+        ratio falls exponentially from warmup_ratio to `ratio` over the hook's first
+        warmup_steps steps (0: off), for compressors that take a ratio.
     """
     compressor = compressors.build(name, **params)
+    warmup = RatioWarmup(getattr(compressor, "ratio", None), warmup_steps, warmup_ratio)
+    if warmup.steps and "ratio" not in compressor.params():
+        raise ValueError(f"warmup_steps={warmup_steps} is DGC's ratio warm-up, but {name!r} "
+                         "takes no ratio; leave warmup_steps at 0")
     state = CompressionHookState(
         compressor, feedback=feedback, granularity=granularity, process_group=process_group,
         model=model, seed=seed, selector=selector, min_numel=min_numel, measure=measure,
         local_clip=local_clip, nonfinite=nonfinite,
     )
+    if warmup.steps:
+        state.ratio_warmup = warmup
+        return state, warmup_hook
     return state, compression_hook
+
+
+def warmup_hook(state: CompressionHookState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """compression_hook with the compressor's ratio set from state.ratio_warmup for the
+    hook's step first (every bucket of a step sees the same step, on every rank)."""
+    state.compressor.ratio = state.ratio_warmup.at(state.step)
+    return compression_hook(state, bucket)
 
 
 def check_replicas(model: torch.nn.Module, process_group: Any = None,

@@ -14,7 +14,6 @@ Workers never compose configs: they read RUN_DIR/config.yaml written by the laun
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import random
 import threading
@@ -35,6 +34,7 @@ from repro.costmodel import (
 )
 from repro.distributed import comm_clock
 from repro.hooks import CompressionHookState, StepRecord, WorkerCompression, compression_hook
+from repro.schedule import RatioWarmup
 
 FAIL_ENV = "GRADCOMP_FAIL_AT_STEP"  # test hook: "STEP:RANK" kills that rank once
 NAN_ENV = "GRADCOMP_NAN_AT_STEP"  # test hook: "STEP:RANK" makes that rank's loss NaN once
@@ -49,14 +49,12 @@ def poisoned(loss: torch.Tensor, step: int, rank: int) -> torch.Tensor:
 
 
 def ratio_at(cfg, step: int) -> float | None:
-    """DGC warm-up: the ratio decays exponentially from warmup_ratio to ratio."""
+    """DGC warm-up: the ratio decays exponentially from warmup_ratio to ratio
+    (repro.schedule.RatioWarmup)."""
     c = cfg.compressor
     if c.ratio is None:
         return None
-    if not c.warmup_steps or step >= c.start_step + c.warmup_steps:
-        return float(c.ratio)
-    progress = max(0, step - c.start_step) / c.warmup_steps
-    return float(math.exp(math.log(c.warmup_ratio) * (1 - progress) + math.log(c.ratio) * progress))
+    return RatioWarmup(c.ratio, c.warmup_steps, c.warmup_ratio, c.start_step).at(step)
 
 
 def get_rng() -> dict[str, Any]:

@@ -276,6 +276,87 @@ def test_adaptation_happens_every_q_steps_and_only_outside_the_band():
     assert {o.extra["stages"] for o in outs} == {1}
 
 
+# --- the paper's single-stage start-up (initial_stages=1) --------------------------------
+
+
+def adapted(compressor, stages: int, windows, state=None):
+    """The stage count after each window's mean k̂/k, through _adapt (adapt_interval=1)."""
+    state = {"stages": stages} if state is None else state
+    out = []
+    for quality in windows:
+        compressor._adapt(state, quality)
+        out.append(state["stages"])
+    return out, state
+
+
+def test_single_stage_start_up_adds_stages_where_the_printed_rule_deadlocks():
+    """Adapt_Stages as printed removes a stage above 1 + ε_H, so an over-selecting single
+    stage stays at M = max(0, 1) = 1 for good. Started at one stage, over-selection at
+    the floor adds a stage and raises the floor; the other moves are the printed ones."""
+    printed = compressors.build("sidco_e", ratio=0.001, adapt_interval=1)
+    assert printed.initial_stages == 5
+    assert adapted(printed, 1, [3.0, 3.0, 3.0])[0] == [1, 1, 1]  # the deadlock
+    assert adapted(printed, 5, [3.0, 0.5, 1.0])[0] == [4, 5, 5]
+    start = compressors.build("sidco_e", ratio=0.001, adapt_interval=1, initial_stages=1)
+    stages, state = adapted(start, 1, [3.0, 2.0, 1.0, 0.5, 1.5, 1.5, 1.0])
+    # over → 2, over → 3 (floor 3), in band, under → 4 (printed), over above the floor
+    # → 3 (printed), over at the floor → 4 (floor 4), in band
+    assert stages == [2, 3, 3, 4, 3, 4, 4] and state["floor"] == 4
+    # at max_stages the count stays (clamped), with the floor there
+    top = compressors.build("sidco_e", ratio=0.001, adapt_interval=1, initial_stages=1,
+                            max_stages=2)
+    stages, state = adapted(top, 1, [3.0, 3.0, 3.0])
+    assert stages == [2, 2, 2] and state["floor"] == 2
+
+
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_p"])
+def test_single_stage_start_up_over_sends_then_settles(name):
+    """Student-t magnitudes (tails heavier than the first fit's), 2 workers, δ = 0.001:
+    one stage sends several times k (the paper's start-up over-sending), the stages
+    added while the windows over-select bring the mean k̂/k of the last 10 steps into
+    the ε band [0.8, 1.2], and M never returns to 1."""
+    grads = stream("student-t", 100_000, 2, 30)  # (shared with the quality tests)
+    quality, outs = run(name, grads, "none", ratio=0.001, initial_stages=1)
+    stages = [o.extra["stages"] for o in outs]
+    assert stages[:5] == [1] * 5 and sum(quality[:5]) / 5 > 2.0, quality[:5]
+    assert min(stages[5:]) >= 2, stages
+    mean = sum(quality[-10:]) / 10
+    assert 0.8 <= mean <= 1.2, (mean, stages)
+    # the default start over-sends far less at first
+    default, _ = run(name, grads[:5], "none", ratio=0.001)
+    assert sum(default) < 0.5 * sum(quality[:5]), (default, quality[:5])
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_single_stage_start_up_keeps_the_error_feedback_invariant(name):
+    """acc == sent + residual on every worker and step while the start-up moves M."""
+    d, workers = 100_000, 2
+    grads = stream("student-t", d, workers, 30)[:12]
+    compressor = compressors.build(name, ratio=0.001, initial_stages=1, adapt_interval=2)
+    group = SimulatedGroup(compressor, workers, feedback="residual", seed=0)
+    stages = set()
+    for step, step_grads in enumerate(grads):
+        accs = [g.clone() if step == 0 else s.residual("grad").clone() + g
+                for s, g in zip(group.sessions, step_grads)]
+        outs = group.step([g.clone() for g in step_grads], name="grad")
+        for o, s, acc in zip(outs, group.sessions, accs):
+            assert torch.equal(o.sent.dense(d) + s.residual("grad"), acc)
+            stages.add(o.extra["stages"])
+    assert 1 in stages and len(stages) > 1, stages
+
+
+@pytest.mark.parametrize("value, match", [
+    (0, r"initial_stages=0 must be an integer ≥ 1.*1: the paper's single-stage start-up"),
+    (1.5, r"initial_stages=1\.5 must be an integer ≥ 1"),
+    (True, r"initial_stages=True must be an integer ≥ 1"),
+    ("1", r"initial_stages='1' must be an integer ≥ 1"),
+    (11, r"initial_stages=11 exceeds max_stages=10"),
+])
+def test_bad_initial_stages_are_refused_with_the_reason(value, match):
+    with pytest.raises(ValueError, match=match):
+        compressors.build("sidco_gp", ratio=0.001, initial_stages=value)
+
+
 def test_stage_schedule():
     """Stage 1 wants ρ = δ·d/n₀ of the nonzeros: exactly δ without zeros; one stage at ρ
     when M = 1 or ρ ≥ δ₁, else δ₁; every nonzero when ρ ≥ 1. A later stage with a pool

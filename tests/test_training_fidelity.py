@@ -315,6 +315,78 @@ def test_local_clipping_plan_and_refusals():
         config_mod.validate(_cfg("compressor=dgc", "task=ptb_lstm", "compressor.granularity=bucket"))
 
 
+# -- DGC's sparsity warm-up in a user's own DDP script ----------------------------------------
+
+WARMUP_STEPS = 5
+
+
+def _dgc_warmup_under_the_hook(rank: int, world: int, steps: int):
+    """A user's DDP loop with repro.hooks.make("dgc", warmup_steps=...): per step, the
+    hook's records and the parameters after the update."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import repro.hooks
+
+    model = _mlp()
+    ddp = DDP(model, bucket_cap_mb=0.01)  # several buckets per step
+    state, hook = repro.hooks.make("dgc", ratio=RATIO, model=ddp, measure=True,
+                                   warmup_steps=WARMUP_STEPS, warmup_ratio=0.25)
+    ddp.register_comm_hook(state, hook)
+    out = []
+    for step in range(steps):
+        x, y = _batch(rank, step)
+        ddp.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p.sub_(0.05 * p.grad)
+        out.append({"records": [(r.name, r.numel, r.compressed, r.target)
+                                for r in state.pop_records()],
+                    "params": [p.detach().clone() for p in model.parameters()]})
+    return out
+
+
+@pytest.mark.distributed
+def test_dgc_warmup_through_the_hook_follows_the_schedule_step_by_step():
+    """make(warmup_steps=5, warmup_ratio=0.25): every tensor's k at step s is the one of
+    δ_s = 0.25·(δ/0.25)^(s/5) (DGC's exponential warm-up, 25% → 1%), then δ from step 5
+    on, on all 3 ranks, whose models stay identical."""
+    steps = WARMUP_STEPS + 2
+    real = run_ranks(_dgc_warmup_under_the_hook, WORKERS, steps)
+    ratios = [0.25 * (RATIO / 0.25) ** (s / WARMUP_STEPS) for s in range(WARMUP_STEPS)]
+    ratios += [RATIO] * (steps - WARMUP_STEPS)
+    numels = [p.numel() for p in _mlp().parameters()]
+    for step, ratio in enumerate(ratios):
+        for r in range(WORKERS):
+            records = real[r][step]["records"]
+            assert sorted(n for _, n, _, _ in records) == sorted(numels)
+            for name, numel, compressed, target in records:
+                assert compressed
+                assert target == target_k(numel, ratio), (step, r, name, numel, target)
+            if r:
+                for a, b in zip(real[0][step]["params"], real[r][step]["params"]):
+                    assert torch.equal(a, b), f"rank {r} differs at step {step}"
+    # the largest tensor (6144 elements): its k falls at every warm-up step, then stays
+    largest = [max(t for _, n, _, t in real[0][s]["records"] if n == max(numels))
+               for s in range(steps)]
+    assert largest == [1536, 806, 423, 222, 116, 61, 61]
+
+
+def test_hook_warmup_refuses_bad_values_and_compressors_without_a_ratio():
+    import repro.hooks
+
+    with pytest.raises(ValueError, match="warmup_steps=-1 must be an integer"):
+        repro.hooks.make("dgc", ratio=RATIO, warmup_steps=-1)
+    with pytest.raises(ValueError, match="warmup_steps=2.5 must be an integer"):
+        repro.hooks.make("dgc", ratio=RATIO, warmup_steps=2.5)
+    with pytest.raises(ValueError, match=r"warmup_ratio=0 must lie in \(0, 1\]"):
+        repro.hooks.make("dgc", ratio=RATIO, warmup_steps=3, warmup_ratio=0)
+    with pytest.raises(ValueError, match="'powersgd' takes no ratio"):
+        repro.hooks.make("powersgd", warmup_steps=3)
+    state, hook = repro.hooks.make("dgc", ratio=RATIO)
+    assert hook is repro.hooks.compression_hook and state.compressor.ratio == RATIO
+
+
 # -- what the wire carries, and what the cost model charges -----------------------------------
 
 def test_unequal_allgathers_count_the_padded_payload():
