@@ -456,10 +456,10 @@ def resolve_run_dir(cfg: DictConfig) -> str:
 
 
 def save(cfg: DictConfig, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    os.replace(tmp, path)
+    """The resolved config as YAML, whole or not at all (repro.durable)."""
+    from repro.durable import write_text
+
+    write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def load(path: str) -> DictConfig:

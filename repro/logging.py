@@ -31,7 +31,6 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -174,24 +173,6 @@ def sanitise(obj: Any) -> Any:
         return obj
 
 
-def atomic_write_text(path: str, write) -> None:
-    """Run write(file) into a temp file beside `path`, fsync, then os.replace: readers see
-    the old file or the new one, never a half-written one. The temp file is removed on
-    failure."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 # -- metrics.jsonl -----------------------------------------------------------------------
 def parse_metrics(path: str) -> tuple[list[dict[str, Any]], bool]:
     """(complete records, whether a torn last line was dropped). A bad line anywhere but
@@ -256,7 +237,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str, resume_step: int | None = None, *,
                  wall_offset: float | None = None):
-        from repro.checkpoints import remove_stale_temps, write_error
+        from repro.durable import remove_stale_temps, write_error, write_file
 
         bad_type = isinstance(resume_step, bool) or not isinstance(resume_step, int)
         if resume_step is not None and (bad_type or resume_step < -1):
@@ -273,7 +254,7 @@ class MetricsWriter:
         remove_stale_temps(self.path)  # left by a writer killed while rewriting the file
         # Rewritten even when nothing changes: also truncates a fresh run's stale file.
         try:
-            atomic_write_text(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
+            write_file(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
         except OSError as exc:
             raised = write_error(self.path, exc, "the file was left as it was")
             if raised is None:
@@ -355,6 +336,8 @@ class MetricsWriter:
 
 def write_summary(run_dir: str, summary: Mapping[str, Any]) -> None:
     """RUN_DIR/summary.json, atomically: a failure leaves the previous summary intact."""
+    from repro.durable import write_file
+
     clean = sanitise(summary)
 
     def dump(f) -> None:
@@ -365,7 +348,7 @@ def write_summary(run_dir: str, summary: Mapping[str, Any]) -> None:
                             f"numbers, strings, None, lists and dicts") from exc
         f.write("\n")
 
-    atomic_write_text(os.path.join(run_dir, SUMMARY_FILE), dump)
+    write_file(os.path.join(run_dir, SUMMARY_FILE), dump)
 
 
 # -- W&B ---------------------------------------------------------------------------------
@@ -456,8 +439,10 @@ class WandbLogger:
                 existing = f.read().strip()
             if existing:
                 return existing
+        from repro.durable import write_text
+
         new = secrets.token_hex(4)
-        atomic_write_text(path, lambda f: f.write(new + "\n"))
+        write_text(path, new + "\n")
         return new
 
     @property

@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from repro.checkpoints import save
+
 
 def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callable, args: tuple) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -26,9 +28,9 @@ def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callabl
     )
     try:
         result: Any = fn(rank, world_size, *args)
-        torch.save({"ok": True, "result": result}, os.path.join(out_dir, f"{rank}.pt"))
+        save({"ok": True, "result": result}, os.path.join(out_dir, f"{rank}.pt"))
     except BaseException:
-        torch.save({"ok": False, "error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
+        save({"ok": False, "error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
         raise
     finally:
         dist.destroy_process_group()
