@@ -420,16 +420,18 @@ def test_nothing_starts_a_shell():
     assert offenders == []
 
 
-def test_native_cache_owned_or_writable_by_others_is_refused(tmp_path, monkeypatch):
-    """The C++ library is loaded into the process: a cache folder any user may write (or
-    one another user owns) is refused, naming it and the fix, before anything is built."""
+@pytest.mark.parametrize("mode, who", [(0o777, "any user"), (0o770, "its group")])
+def test_native_cache_owned_or_writable_by_others_is_refused(tmp_path, monkeypatch, mode, who):
+    """The C++ library is loaded into the process: a cache folder any user or its group
+    may write (or one another user owns) is refused, naming it and the fix, before
+    anything is built."""
     from compressors.kernels import build
 
     open_folder = tmp_path / "cache"
     open_folder.mkdir()
-    open_folder.chmod(0o777)
+    open_folder.chmod(mode)
     monkeypatch.setenv("GRADCOMP_NATIVE_CACHE", str(open_folder))
-    with pytest.raises(RuntimeError, match="may be written by any user.*GRADCOMP_NATIVE_CACHE"):
+    with pytest.raises(RuntimeError, match=f"may be written by {who}.*GRADCOMP_NATIVE_CACHE"):
         build._build("c++")
     assert list(open_folder.iterdir()) == []
     open_folder.chmod(0o700)
