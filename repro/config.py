@@ -189,6 +189,10 @@ class TrainConfig:
     name: Optional[str] = None  # run name; derived from compressor/task/ratio/workers
 
 
+MAX_WORKERS = 1024  # the pre-launch probe exchanges among this many workers in ~2.5 s
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 @functools.cache
 def _structured() -> DictConfig:
     return OmegaConf.structured(TrainConfig)
@@ -239,6 +243,10 @@ def validate(cfg: DictConfig) -> None:
 
     check_choice("task.data", cfg.task.data, DATA_KINDS)
     check_at_least("cluster.workers", cfg.cluster.workers, 1)
+    if cfg.cluster.workers > MAX_WORKERS:
+        raise ValueError(f"cluster.workers={cfg.cluster.workers} is more than this suite runs "
+                         f"(at most {MAX_WORKERS} ranks or simulated workers); to project onto a "
+                         "larger cluster, set cluster.target_workers")
     check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
     check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)
     check_at_least("cluster.replica_check_every", cfg.cluster.replica_check_every, 0)

@@ -211,17 +211,78 @@ def _nonfinite_worker(rank: int, world: int, name: str, policy: str, bad_step: i
             "residuals": residuals, "skipped": skipped}
 
 
-@pytest.mark.distributed
-def test_nan_on_one_rank_stops_every_rank_with_the_same_error():
+def _large_gradient_worker(rank: int, world: int, name: str, scale: float):
+    """A user's DDP loop with repro.hooks.make under each policy: rank 1's loss, and so
+    its gradient, is multiplied by `scale` at step 1 (finite, but its squares overflow)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import repro.hooks
+
+    out = {}
+    for policy in ("error", "skip"):
+        model = _mlp()
+        ddp = DDP(model)
+        state, hook = repro.hooks.make(name, model=ddp, nonfinite=policy)
+        ddp.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        skipped = []
+        for step in range(3):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            loss = ((ddp(x) - y) ** 2).mean()
+            if step == 1 and rank == 1:
+                loss = loss * scale
+            try:
+                loss.backward()
+            except RuntimeError as exc:
+                out[policy] = {"error": str(exc)}
+                break
+            if state.skipped:
+                skipped.append(step)
+                continue
+            opt.step()
+        else:
+            out[policy] = {"skipped": skipped, "finite": all(bool(torch.isfinite(p).all())
+                                                            for p in model.parameters())}
+    return out
+
+
+def _faults_worker(rank: int, world: int):
+    """Both fault scenarios of the tests below in one spawn of three ranks."""
+    return {"nan": _nonfinite_worker(rank, world, "topk", "error", 3, None, 6),
+            "large": _large_gradient_worker(rank, world, "powersgd", 1e25)}
+
+
+@pytest.fixture(scope="module")
+def three_ranks_faults():
     from repro.testing import run_ranks
 
-    out = run_ranks(_nonfinite_worker, 3, "topk", "error", 3, None, 6)
+    return run_ranks(_faults_worker, 3)
+
+
+@pytest.mark.distributed
+def test_nan_on_one_rank_stops_every_rank_with_the_same_error(three_ranks_faults):
+    out = [r["nan"] for r in three_ranks_faults]
     for r in out:
         assert "error" in r, r.keys()
         assert r["seconds"] < 10
         assert "step 3: gradient" in r["error"] and "contains NaN on rank 1" in r["error"]
     first = [r["error"][r["error"].index("step 3"):] for r in out]
     assert len(set(first)) == 1
+
+
+@pytest.mark.distributed
+def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_faults):
+    """Rank 1's gradient is finite but ~1e25 (PowerSGD returned zeros for such a one, Top-k
+    overflowed): under nonfinite=error every one of 3 gloo ranks stops with the same
+    error naming it; under skip every rank skips that step and the model stays finite."""
+    out = [r["large"] for r in three_ranks_faults]
+    errors = [o["error"]["error"] for o in out]
+    errors = [e[e.index("step 1"):] for e in errors]
+    assert len(set(errors)) == 1
+    assert "values too large to compress (their norm overflows float32) on rank 1" in errors[0]
+    for o in out:
+        assert o["skip"] == {"skipped": [1], "finite": True}
 
 
 @pytest.mark.distributed
