@@ -9,13 +9,12 @@ A checkpoint is complete once its MANIFEST.json exists: written last, after ever
 of it is on disk, it names each file with its SHA-256 and the hash of the run's config.
 Files are loaded with torch.load(weights_only=True): only tensors, plain containers and
 the suite's own state classes (SAFE_CLASSES) are accepted, never arbitrary pickles.
-Importing this module does not import torch (repro.logging's writer uses its helpers).
+Importing this module does not import torch.
 
-A write that fails (disk full, quota, read-only file system, permission) raises
-OutputError, an OSError whose message names the file, says why in words and what to do;
-the temp file is removed, so the file it would have replaced is left as it was. Temp
-files a killed process left behind (NAME.XXXXXXXX.tmp) are removed by the next write of
-the same file: each file has one writer, so a stale temp file is never one in use.
+Every file is written by repro.durable (temp file, fsync, rename, fsync of the folder);
+a write that fails raises its OutputError, naming the file and the reason, and a
+checkpoint left unfinished is removed (`failure`). Only the newest `keep` complete
+checkpoints are kept (`prune`).
 """
 
 from __future__ import annotations
@@ -165,21 +164,71 @@ def check(step_dir: str, cfg_hash: str, needed: list[str]) -> None:
                                 "altered or truncated")
 
 
-def find(ckpt_dir: str, cfg_hash: str, needed: list[str]) -> str | None:
-    """The newest valid checkpoint directory, or None. Each newer one that fails check()
-    is reported in a warning naming the file, and the previous one is tried."""
-    if not os.path.isdir(ckpt_dir):
-        return None
-    steps = sorted((d for d in os.listdir(ckpt_dir) if _STEP_DIR.match(d)), reverse=True)
-    for name in steps:
+def step_of(step_dir: str) -> int:
+    """The step a checkpoint directory (step_00000040) was taken at."""
+    match = _STEP_DIR.match(os.path.basename(os.path.normpath(step_dir)))
+    if match is None:
+        raise ValueError(f"{step_dir} is not a checkpoint directory (step_NNNNNNNN)")
+    return int(match.group(1))
+
+
+def _step_dirs(ckpt_dir: str) -> list[str]:
+    """The checkpoint directories' names, newest first."""
+    try:
+        names = os.listdir(ckpt_dir)
+    except OSError:
+        return []
+    return sorted((d for d in names if _STEP_DIR.match(d)), reverse=True)
+
+
+def newest_step(ckpt_dir: str) -> int | None:
+    """The step of the newest sealed checkpoint (its MANIFEST written), or None."""
+    for name in _step_dirs(ckpt_dir):
+        if os.path.exists(os.path.join(ckpt_dir, name, MANIFEST)):
+            return step_of(name)
+    return None
+
+
+def find(ckpt_dir: str, cfg_hash: str, needed: list[str], max_step: int | None = None,
+         loadable: bool = False) -> str | None:
+    """The newest valid checkpoint directory (at most at `max_step`), or None. Each newer
+    one that fails check() is reported in a warning naming the file, and the previous one
+    is tried. loadable=True also loads every needed file as `load` does (memory-mapped:
+    the pickle is read, the tensors are not), so a checkpoint that passes its checksums
+    but holds what the safe loader refuses is skipped the same way."""
+    for name in _step_dirs(ckpt_dir):
+        if max_step is not None and step_of(name) > max_step:
+            continue
         step_dir = os.path.join(ckpt_dir, name)
         try:
             check(step_dir, cfg_hash, needed)
+            if loadable:
+                for file in needed:
+                    load(os.path.join(step_dir, file), mmap=True)
         except BadCheckpoint as exc:
             warnings.warn(f"skipping checkpoint: {exc}", RuntimeWarning, stacklevel=2)
             continue
         return step_dir
     return None
+
+
+def prune(ckpt_dir: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` sealed checkpoints (keep=0: none removed), and
+    every unsealed one (what a stopped write left); the directories removed. Call once
+    a checkpoint was sealed, by its one writer (rank 0)."""
+    removed = []
+    sealed = 0
+    for name in _step_dirs(ckpt_dir):
+        step_dir = os.path.join(ckpt_dir, name)
+        if os.path.exists(os.path.join(step_dir, MANIFEST)):
+            sealed += 1
+            if not keep or sealed <= keep:
+                continue
+        shutil.rmtree(step_dir, ignore_errors=True)
+        removed.append(step_dir)
+    if removed:
+        fsync_dir(ckpt_dir)
+    return removed
 
 
 def safe_classes() -> list[type]:
@@ -194,13 +243,13 @@ def safe_classes() -> list[type]:
     return [Segment, Partitioning, _Group, _Plan, Groups, _Schedule]
 
 
-def load(path: str) -> Any:
+def load(path: str, mmap: bool = False) -> Any:
     """torch.load(weights_only=True) of a checkpoint file: tensors, containers, numbers,
     strings and SAFE classes only; anything else is refused (BadCheckpoint names the file)."""
     import torch
 
     try:
         with torch.serialization.safe_globals(safe_classes()):
-            return torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
         raise BadCheckpoint(f"{path} cannot be loaded safely: {str(exc).splitlines()[0]}") from exc

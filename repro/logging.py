@@ -213,12 +213,19 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
 
 
 def read_summary(run_dir: str) -> dict[str, Any] | None:
-    """RUN_DIR/summary.json, or None while the run has not finished."""
+    """RUN_DIR/summary.json, or None while the run has not finished; a ValueError naming
+    the file when it is not a JSON object (a damaged file)."""
     path = os.path.join(run_dir, SUMMARY_FILE)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            summary = json.load(f)
+        except ValueError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(summary, dict):  # the file's content is wrong: a ValueError, as for bad JSON
+        raise ValueError(f"{path} does not hold a JSON object")  # noqa: TRY004
+    return summary
 
 
 class MetricsWriter:

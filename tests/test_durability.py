@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["compressor=dgc", "compressor.ratio=0.05", "task=cifar10_mixer", "task.size=smoke",
           "eval_every=0", "eval_batches=1", "cluster.threads_per_worker=1", "logger=local",
           "logger.progress=false"]
-SIMULATED = [*COMMON, "cluster=simulated", "cluster.workers=2"]
+SIMULATED = [*COMMON, "cluster=simulated", "cluster.workers=2", "keep_checkpoints=0"]
 NEEDED = ["trainer.pt", "workers.pt"]
 
 
@@ -165,13 +165,13 @@ def test_checkpoint_on_a_full_disk_names_the_file_and_the_rerun_resumes(tmp_path
 @needs_mount
 @pytest.mark.slow
 def test_metrics_on_a_full_disk_keep_complete_lines_and_the_rerun_restarts(tmp_path):
-    """No checkpoints, a 12 KiB disk: metrics.jsonl fills it. The error names the file,
+    """No checkpoints, a 20 KiB disk: metrics.jsonl fills it. The error names the file,
     says the disk is full and which step's line was not written; the file still ends
     with a complete line (the part of the failed line is cut off). After the test frees
     space (a larger remount), the same command restarts from step 0 and completes."""
     mnt = tmp_path / "disk"
     ov = [*SIMULATED, "steps=60", "checkpoint_every=0", f"runs_root={mnt}"]
-    with tmpfs(mnt, "12k"):
+    with tmpfs(mnt, "20k"):
         run_dir = run_dir_of(ov)
         with pytest.raises(checkpoints.OutputError) as info:
             launch.train(ov, out=lambda s: None)
