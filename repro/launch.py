@@ -474,7 +474,8 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
             if p.done and not restart:
                 out(f"[{status(p)}] {p.run_dir}")
                 continue
-            with runfolder.locked(p.run_dir, wait=wait, out=out):
+            with runfolder.locked(p.run_dir, wait=wait, out=out,
+                                  give_up=lambda: stopping.requested() is not None):
                 if not restart:  # another launch may have finished or changed it meanwhile
                     _refresh(p)
                     if p.done:

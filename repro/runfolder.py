@@ -20,6 +20,7 @@ import os
 import shutil
 import socket
 import stat
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -42,28 +43,39 @@ def holder(run_dir: str) -> str:
     return text or "an unknown process"
 
 
+def _try_lock(fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return False
+
+
 @contextmanager
-def locked(run_dir: str, wait: bool = False, out: Callable[[str], None] | None = None
-           ) -> Iterator[None]:
+def locked(run_dir: str, wait: bool = False, out: Callable[[str], None] | None = None,
+           give_up: Callable[[], bool] | None = None, poll_s: float = 0.2) -> Iterator[None]:
     """Hold the run folder's lock for the block (creating the folder). Held by another
-    launch: RunInUse naming it, or with wait=True a line to `out` and a wait."""
+    launch: RunInUse naming it, or with wait=True a line to `out` and a wait, which ends
+    with RunInUse as soon as give_up() says so (a signal to stop)."""
     os.makedirs(run_dir, exist_ok=True)
     path = os.path.join(run_dir, LOCK)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+        if not _try_lock(fd):
             who = holder(run_dir)
             if not wait:
                 raise RunInUse(
                     f"{run_dir} is in use by process {who}, which is running this run; nothing "
-                    "was run: wait for it to end, or pass --wait to wait for it") from None
+                    "was run: wait for it to end, or pass --wait to wait for it")
             if out is not None:
                 out(f"waiting: {run_dir} is in use by process {who}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            while not _try_lock(fd):
+                if give_up is not None and give_up():
+                    raise RunInUse(f"stopped waiting for {run_dir} (in use by process "
+                                   f"{holder(run_dir)}); nothing was run")
+                time.sleep(poll_s)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}@{socket.gethostname()}\n".encode(), 0)
         yield

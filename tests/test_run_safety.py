@@ -158,8 +158,8 @@ def hold_lock(run_dir: Path, seconds: float) -> subprocess.Popen:
 
 def test_a_second_launch_of_a_running_run_names_the_holder_or_waits(tmp_path, capsys):
     """While another process holds the run folder's lock, a launch stops with exit 1,
-    naming it, and writes nothing; with --wait it waits and then runs; a holder that
-    was killed never blocks."""
+    naming it, and writes nothing; with --wait it waits (until a signal, or the lock is
+    free) and then runs; a holder that was killed never blocks."""
     from repro import cli
 
     root = tmp_path / "runs"
@@ -170,6 +170,14 @@ def test_a_second_launch_of_a_running_run_names_the_holder_or_waits(tmp_path, ca
         err = capsys.readouterr().err
         assert code == 1
         assert f"{run_dir} is in use by process 4242@otherhost" in err and "--wait" in err
+        assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
+        # waiting (--wait) ends at a signal, having run nothing
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        with pytest.raises(RuntimeError, match="stopped waiting for .*4242@otherhost.*nothing "
+                                               "was run"):
+            train(root, "steps=1", "name=locked", wait=True)
+        timer.join()
         assert sorted(p.name for p in run_dir.iterdir()) == [".lock"]
     finally:
         holder.kill()
