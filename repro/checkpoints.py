@@ -214,16 +214,21 @@ def find(ckpt_dir: str, cfg_hash: str, needed: list[str], max_step: int | None =
 
 def prune(ckpt_dir: str, keep: int) -> list[str]:
     """Remove all but the newest `keep` sealed checkpoints (keep=0: none removed), and
-    every unsealed one (what a stopped write left); the directories removed. Call once
-    a checkpoint was sealed, by its one writer (rank 0)."""
+    every unsealed one (what a stopped write or prune left); the directories removed.
+    Each is unsealed (its MANIFEST removed) before its files go, so a prune cut short
+    never leaves a sealed checkpoint with files missing. Call once a checkpoint was
+    sealed, by its one writer (rank 0)."""
     removed = []
     sealed = 0
     for name in _step_dirs(ckpt_dir):
         step_dir = os.path.join(ckpt_dir, name)
-        if os.path.exists(os.path.join(step_dir, MANIFEST)):
+        manifest = os.path.join(step_dir, MANIFEST)
+        if os.path.exists(manifest):
             sealed += 1
             if not keep or sealed <= keep:
                 continue
+            os.remove(manifest)
+            fsync_dir(step_dir)
         shutil.rmtree(step_dir, ignore_errors=True)
         removed.append(step_dir)
     if removed:

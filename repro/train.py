@@ -465,6 +465,7 @@ class Trainer:
                 if wandb is not None:
                     wandb.finish()
             checkpoints.remove_stale_temps_under(self.run_dir)  # left by killed attempts
+            checkpoints.prune(self.ckpt_dir, cfg.keep_checkpoints)  # and a prune cut short
         return summary
 
     def after_update(self) -> None:

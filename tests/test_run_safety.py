@@ -510,6 +510,32 @@ def test_a_signal_to_the_launcher_reaches_the_spawned_ranks(tmp_path):
     assert stopping.rank_processes() == []
 
 
+def test_a_prune_cut_short_leaves_no_sealed_checkpoint_with_files_missing(tmp_path, monkeypatch):
+    """Killed while it removes an old checkpoint's files, pruning leaves that checkpoint
+    unsealed (ignored on resume, removed by the next prune), never sealed and partial."""
+    ckpt = tmp_path / "checkpoints"
+    for step in (1, 2, 3):
+        step_dir = str(ckpt / f"step_{step:08d}")
+        checkpoints.begin(step_dir)
+        for name in ("trainer.pt", "workers.pt"):
+            checkpoints.save({"step": step}, os.path.join(step_dir, name))
+        checkpoints.finish(step_dir, "hash")
+
+    def cut_short(path, ignore_errors=False):
+        os.remove(os.path.join(path, "workers.pt"))
+        raise Killed("killed mid-prune")
+
+    monkeypatch.setattr(shutil, "rmtree", cut_short)
+    with pytest.raises(Killed):
+        checkpoints.prune(str(ckpt), keep=2)
+    monkeypatch.undo()
+    for step_dir in sorted(ckpt.glob("step_*")):
+        if (step_dir / checkpoints.MANIFEST).exists():
+            checkpoints.check(str(step_dir), "hash", ["trainer.pt", "workers.pt"])
+    assert checkpoints.find(str(ckpt), "hash", ["trainer.pt", "workers.pt"]).endswith("3")
+    assert checkpoints.prune(str(ckpt), keep=2) == [str(ckpt / "step_00000001")]
+
+
 def test_checkpoints_are_on_by_default_and_only_the_newest_are_kept(tmp_path):
     from repro.config import TrainConfig
 
