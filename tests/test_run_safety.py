@@ -626,6 +626,22 @@ def test_a_failed_run_ends_with_one_line_naming_the_cause_and_the_log(tmp_path, 
     assert text.startswith("== launcher (") and "Traceback (most recent call last)" in text
 
 
+def test_a_ctrl_c_no_run_could_take_ends_with_one_line(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while the command plans (before any run installs its handler), or a second
+    one: exit 130 and one line, no traceback."""
+    from repro import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch, "plan", interrupted)
+    assert cli.main(["train", *COMMON, f"runs_root={tmp_path}"]) == 128 + signal.SIGINT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["repro train: interrupted at once (before a run could stop at a step, or by a "
+                   "second signal); every file written is whole and the same command goes on "
+                   "from the last checkpoint"]
+
+
 def test_a_failed_torchrun_rank_logs_its_traceback_and_says_one_line(tmp_path):
     run_dir = tmp_path / "run"
     run_dir.mkdir()

@@ -33,6 +33,11 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
+AT_ONCE = ("interrupted at once (before a run could stop at a step, or by a second "
+           "signal); every file written is whole and the same command goes on from the last "
+           "checkpoint")
+
+
 def run(args) -> int:
     from omegaconf import OmegaConf
 
@@ -42,6 +47,7 @@ def run(args) -> int:
         cfg = launch.compose(args.overrides)
         print(OmegaConf.to_yaml(cfg, resolve=True))
         return 0
+    import signal
     import sys
     import time
 
@@ -57,6 +63,9 @@ def run(args) -> int:
     except runfolder.RunInUse as exc:
         print(f"repro train: error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before a run took it, or a second one
+        print(f"repro train: {AT_ONCE}", file=sys.stderr)
+        return 128 + signal.SIGINT
     except (ValueError, TypeError, KeyError, FileNotFoundError, FloatingPointError):
         raise  # bad input: repro.cli prints it as one line
     except Exception as exc:  # noqa: BLE001 - a failed run ends as one line and a log entry
