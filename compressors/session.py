@@ -36,6 +36,29 @@ def mix_seed(*parts: int | str) -> int:
     return h & _MASK64
 
 
+def _norm_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def finite_norm(t: torch.Tensor) -> bool:
+    """Whether `t`'s L2 norm is finite (computed in float32, float64 for float64 tensors):
+    False for a NaN or an Inf, and for finite values so large that their squares
+    overflow. Such a gradient is as unusable as one holding an Inf: compressors that
+    normalise it (PowerSGD, SIDCo, THC) return zeros, and its sum over workers
+    overflows. One read, like all_finite."""
+    return bool(torch.isfinite(torch.linalg.vector_norm(t, dtype=_norm_dtype(t.dtype))))
+
+
+def finite_norms(tensors: list[torch.Tensor]) -> bool:
+    """finite_norm of every tensor, in one fused pass (torch._foreach_norm) and one host
+    read: the check of what an exchange produced."""
+    if not tensors:
+        return True
+    dtype = torch.float64 if any(t.dtype == torch.float64 for t in tensors) else torch.float32
+    norms = torch._foreach_norm(tensors, 2, dtype=dtype)
+    return bool(torch.isfinite(torch.stack(norms)).all())
+
+
 def nonfinite_error(name: str, grad: torch.Tensor) -> FloatingPointError:
     """The error for a gradient holding NaN or Inf, with the fix."""
     bad = "NaN" if bool(torch.isnan(grad).any()) else "Inf"

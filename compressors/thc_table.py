@@ -437,7 +437,9 @@ def write_tables(solved: list[SolvedTable], path: Path = TABLES_FILE) -> int:
     lines = [json.dumps(header)[:-1] + ', "tables": [']
     lines += [json.dumps(r) + ("," if i < len(records) - 1 else "") for i, r in enumerate(records)]
     lines.append("]}")
+    from repro.durable import write_text  # the suite's one writer (run by `repro thc-table`)
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines) + "\n")
+    write_text(path, "\n".join(lines) + "\n")
     _stored.cache_clear()
     return len(records)

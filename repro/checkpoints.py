@@ -9,26 +9,34 @@ A checkpoint is complete once its MANIFEST.json exists: written last, after ever
 of it is on disk, it names each file with its SHA-256 and the hash of the run's config.
 Files are loaded with torch.load(weights_only=True): only tensors, plain containers and
 the suite's own state classes (SAFE_CLASSES) are accepted, never arbitrary pickles.
-Importing this module does not import torch (repro.logging's writer uses its helpers).
+Importing this module does not import torch.
 
-A write that fails (disk full, quota, read-only file system, permission) raises
-OutputError, an OSError whose message names the file, says why in words and what to do;
-the temp file is removed, so the file it would have replaced is left as it was. Temp
-files a killed process left behind (NAME.XXXXXXXX.tmp) are removed by the next write of
-the same file: each file has one writer, so a stale temp file is never one in use.
+Every file is written by repro.durable (temp file, fsync, rename, fsync of the folder);
+a write that fails raises its OutputError, naming the file and the reason, and a
+checkpoint left unfinished is removed (`failure`). Only the newest `keep` complete
+checkpoints are kept (`prune`).
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
 import shutil
-import tempfile
 import warnings
 from typing import Any
+
+from repro.durable import (  # noqa: F401 - OutputError & co. are also read from here
+    OutputError,
+    check_writable,
+    free_bytes,
+    fsync_dir,
+    remove_stale_temps,
+    remove_stale_temps_under,
+    write_error,
+    write_file,
+)
 
 MANIFEST = "MANIFEST.json"
 POINTER = "LATEST"
@@ -39,200 +47,17 @@ class BadCheckpoint(ValueError):
     """A checkpoint that is incomplete, corrupt, or made by another config."""
 
 
-class OutputError(OSError):
-    """A file of a run could not be written. The message names the file, the reason in
-    words (disk full, quota, read-only file system, permission) and what to do; `errno`
-    is the system's error number where one was found, `path` the file or folder, `free`
-    the bytes that were free on its file system when the write failed."""
-
-    def __init__(self, message: str, err: int | None = None, path: str | None = None,
-                 free: int | None = None):
-        super().__init__(message)
-        self.errno = err
-        self.path = path
-        self.free = free
-
-
-_REASONS = {
-    errno.ENOSPC: "the disk is full",
-    errno.EDQUOT: "the disk quota is exceeded",
-    errno.EROFS: "the file system is read-only",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "the operation is not permitted",
-    errno.EFBIG: "the file is too large for the file system",
-    errno.EIO: "an input/output error (a failing disk or a lost network mount)",
-}
-_FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def free_bytes(path: str) -> int | None:
-    """Bytes an unprivileged writer may still use on the file system holding `path` (its
-    nearest existing folder), or None where that cannot be asked."""
-    folder = os.path.abspath(path)
-    while not os.path.isdir(folder) and os.path.dirname(folder) != folder:
-        folder = os.path.dirname(folder)
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize
-
-
-def _errno_of(exc: BaseException) -> int | None:
-    """The errno of the first OSError in exc's chain: torch.save reports a full disk as a
-    RuntimeError ("unexpected pos") raised while handling the OSError."""
-    seen = set()
-    node: BaseException | None = exc
-    while node is not None and id(node) not in seen:
-        seen.add(id(node))
-        if isinstance(node, OSError) and node.errno is not None:
-            return node.errno
-        node = node.__cause__ or node.__context__
-    return None
-
-
-def write_error(path: str, exc: BaseException, consequence: str = "") -> OutputError | None:
-    """The OutputError for a failed write of `path` (None when exc is not a failure of the
-    file system: a bug, e.g. an object that cannot be pickled, is re-raised as it is).
-    `consequence` says what the failure left behind; the advice follows it. Call it
-    before removing what the write left, so the free space reported is the space that
-    was left when it failed."""
-    err = _errno_of(exc)
-    free = exc.free if isinstance(exc, OutputError) and exc.free is not None else free_bytes(path)
-    if err is None and free == 0:
-        err = errno.ENOSPC  # torch's writer lost the OSError, the file system is full
-    if err is None:
-        return None
-    reason = _REASONS.get(err) or os.strerror(err)
-    where = os.path.dirname(os.path.abspath(path))
-    message = f"cannot write {path}: {reason}"
-    if err in _FULL and free is not None:
-        message += f" ({free} bytes were free on the file system holding {where})"
-    if consequence:
-        message += f"; {consequence}"
-    if err in _FULL:
-        message += ("; free space (or set runs_root to a larger disk) and run the same "
-                    "command again: it resumes from the last complete checkpoint, if any")
-    elif err in (errno.EROFS, errno.EACCES, errno.EPERM):
-        message += "; set runs_root to a folder this user can write"
-    return OutputError(message, err, path, free)
-
-
-def check_writable(folder: str, what: str, advice: str = "") -> None:
-    """Raise OutputError naming `folder` (or its nearest existing parent, where it would
-    be created) unless a file can be created there: the pre-flight check of an output
-    folder, before any work whose results would have nowhere to go. The message reads
-    "{what} {folder} is not writable: {reason}; {advice}"."""
-    existing = os.path.abspath(folder)
-    while not os.path.isdir(existing) and os.path.dirname(existing) != existing:
-        existing = os.path.dirname(existing)
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".write-check.", suffix=".tmp", dir=existing)
-        os.close(fd)
-        os.remove(probe)
-    except OSError as exc:
-        reason = _REASONS.get(exc.errno) or os.strerror(exc.errno or 0)
-        named = existing if existing == os.path.abspath(folder) else (
-            f"{existing} (where {folder} would be created)")
-        message = f"{what} {named} is not writable: {reason}"
-        raise OutputError(message + (f"; {advice}" if advice else ""), exc.errno,
-                          existing) from exc
-
-
-def remove_stale_temps(path: str) -> int:
-    """Remove the temp files a killed writer of `path` left beside it (the names save,
-    write_text and repro.logging's atomic writes give them); how many were removed."""
-    directory, base = os.path.split(os.path.abspath(path))
-    pattern = re.compile(re.escape(base) + r"\.[A-Za-z0-9_]{8}\.tmp$")
-    removed = 0
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return 0
-    for name in names:
-        if pattern.match(name):
-            try:
-                os.remove(os.path.join(directory, name))
-                removed += 1
-            except FileNotFoundError:
-                pass
-    return removed
-
-
-def remove_stale_temps_under(run_dir: str) -> int:
-    """Remove every temp file the suite's writers left anywhere in a finished run's
-    folder (NAME.XXXXXXXX.tmp, as save, write_text and the metrics writer name them;
-    W&B's own folder is left alone): litter of attempts killed mid-write, which nothing
-    reads. Call once the run is finished and no rank writes any more."""
-    pattern = re.compile(r"^.+\.[A-Za-z0-9_]{8}\.tmp$")
-    removed = 0
-    for folder, subfolders, names in os.walk(run_dir):
-        subfolders[:] = [d for d in subfolders if d != "wandb"]
-        for name in names:
-            if pattern.match(name):
-                try:
-                    os.remove(os.path.join(folder, name))
-                    removed += 1
-                except OSError:  # gone already, or not ours to remove: leave it
-                    pass
-    return removed
-
-
-def fsync_dir(path: str) -> None:
-    """Make a rename inside `path` durable (where the platform allows it)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _atomic(path: str, mode: str, write) -> None:
-    """write(file) into a temp file beside `path`, fsync, rename over `path`, fsync the
-    folder. On failure the temp file is removed and `path` is left as it was; a failure
-    of the file system raises OutputError naming `path`."""
-    remove_stale_temps(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
-                                   dir=directory)
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except Exception as exc:
-        error = exc if isinstance(exc, OutputError) else write_error(path, exc)
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
-        if error is None or error is exc:
-            raise
-        raise error from exc
-    except BaseException:
-        if tmp is not None and os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_dir(directory)
-
-
 def save(obj: Any, path: str) -> None:
     """torch.save into a temp file beside `path`, fsync, rename: `path` holds the old
     file or the new one, never a part of one; the temp file is removed on failure."""
     import torch
 
-    _atomic(path, "wb", lambda f: torch.save(obj, f))
+    write_file(path, lambda f: torch.save(obj, f), binary=True)
 
 
 def write_text(path: str, text: str) -> None:
-    """A small text file, atomically (temp file, fsync, rename)."""
-    _atomic(path, "w", lambda f: f.write(text))
+    """A small text file, atomically (repro.durable)."""
+    write_file(path, lambda f: f.write(text))
 
 
 def sha256(path: str) -> str:
@@ -339,21 +164,76 @@ def check(step_dir: str, cfg_hash: str, needed: list[str]) -> None:
                                 "altered or truncated")
 
 
-def find(ckpt_dir: str, cfg_hash: str, needed: list[str]) -> str | None:
-    """The newest valid checkpoint directory, or None. Each newer one that fails check()
-    is reported in a warning naming the file, and the previous one is tried."""
-    if not os.path.isdir(ckpt_dir):
-        return None
-    steps = sorted((d for d in os.listdir(ckpt_dir) if _STEP_DIR.match(d)), reverse=True)
-    for name in steps:
+def step_of(step_dir: str) -> int:
+    """The step a checkpoint directory (step_00000040) was taken at."""
+    match = _STEP_DIR.match(os.path.basename(os.path.normpath(step_dir)))
+    if match is None:
+        raise ValueError(f"{step_dir} is not a checkpoint directory (step_NNNNNNNN)")
+    return int(match.group(1))
+
+
+def _step_dirs(ckpt_dir: str) -> list[str]:
+    """The checkpoint directories' names, newest first."""
+    try:
+        names = os.listdir(ckpt_dir)
+    except OSError:
+        return []
+    return sorted((d for d in names if _STEP_DIR.match(d)), reverse=True)
+
+
+def newest_step(ckpt_dir: str) -> int | None:
+    """The step of the newest sealed checkpoint (its MANIFEST written), or None."""
+    for name in _step_dirs(ckpt_dir):
+        if os.path.exists(os.path.join(ckpt_dir, name, MANIFEST)):
+            return step_of(name)
+    return None
+
+
+def find(ckpt_dir: str, cfg_hash: str, needed: list[str], max_step: int | None = None,
+         loadable: bool = False) -> str | None:
+    """The newest valid checkpoint directory (at most at `max_step`), or None. Each newer
+    one that fails check() is reported in a warning naming the file, and the previous one
+    is tried. loadable=True also loads every needed file as `load` does (memory-mapped:
+    the pickle is read, the tensors are not), so a checkpoint that passes its checksums
+    but holds what the safe loader refuses is skipped the same way."""
+    for name in _step_dirs(ckpt_dir):
+        if max_step is not None and step_of(name) > max_step:
+            continue
         step_dir = os.path.join(ckpt_dir, name)
         try:
             check(step_dir, cfg_hash, needed)
+            if loadable:
+                for file in needed:
+                    load(os.path.join(step_dir, file), mmap=True)
         except BadCheckpoint as exc:
             warnings.warn(f"skipping checkpoint: {exc}", RuntimeWarning, stacklevel=2)
             continue
         return step_dir
     return None
+
+
+def prune(ckpt_dir: str, keep: int) -> list[str]:
+    """Remove all but the newest `keep` sealed checkpoints (keep=0: none removed), and
+    every unsealed one (what a stopped write or prune left); the directories removed.
+    Each is unsealed (its MANIFEST removed) before its files go, so a prune cut short
+    never leaves a sealed checkpoint with files missing. Call once a checkpoint was
+    sealed, by its one writer (rank 0)."""
+    removed = []
+    sealed = 0
+    for name in _step_dirs(ckpt_dir):
+        step_dir = os.path.join(ckpt_dir, name)
+        manifest = os.path.join(step_dir, MANIFEST)
+        if os.path.exists(manifest):
+            sealed += 1
+            if not keep or sealed <= keep:
+                continue
+            os.remove(manifest)
+            fsync_dir(step_dir)
+        shutil.rmtree(step_dir, ignore_errors=True)
+        removed.append(step_dir)
+    if removed:
+        fsync_dir(ckpt_dir)
+    return removed
 
 
 def safe_classes() -> list[type]:
@@ -368,13 +248,13 @@ def safe_classes() -> list[type]:
     return [Segment, Partitioning, _Group, _Plan, Groups, _Schedule]
 
 
-def load(path: str) -> Any:
+def load(path: str, mmap: bool = False) -> Any:
     """torch.load(weights_only=True) of a checkpoint file: tensors, containers, numbers,
     strings and SAFE classes only; anything else is refused (BadCheckpoint names the file)."""
     import torch
 
     try:
         with torch.serialization.safe_globals(safe_classes()):
-            return torch.load(path, weights_only=True)
+            return torch.load(path, weights_only=True, mmap=mmap)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure is a bad file
         raise BadCheckpoint(f"{path} cannot be loaded safely: {str(exc).splitlines()[0]}") from exc

@@ -110,7 +110,19 @@ def torchrun_command(env: Mapping[str, str], procs_per_node: int, run_dir: str,
 
 def run_job(run_dir: str) -> str:
     """One submitted run (inside its job): on SLURM, this node's torchrun; elsewhere the
-    run as `repro train` launches it. Returns the run directory."""
+    run as `repro train` launches it. Returns the run directory. The job's first node
+    holds the run folder's lock while it runs (repro.runfolder; a second job of the same
+    run stops, naming the first)."""
+    import contextlib
+
+    from repro import runfolder
+
+    first_node = os.environ.get("SLURM_NODEID", "0") == "0"
+    with runfolder.locked(run_dir) if first_node else contextlib.nullcontext():
+        return _run_job(run_dir)
+
+
+def _run_job(run_dir: str) -> str:
     import subprocess
 
     from repro import config as config_mod

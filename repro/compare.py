@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from repro.durable import write_file, write_text
 from repro.logging import metric_key, wandb_name
 from repro.runs import Run, fmt, load_runs
 
@@ -188,8 +189,11 @@ class Plotter:
 
     def save(self, fig, file: str, title: str) -> None:
         fig.tight_layout()
-        fig.savefig(os.path.join(self.out, file), dpi=110)
-        self.plt.close(fig)
+        try:
+            write_file(os.path.join(self.out, file),
+                       lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+        finally:
+            self.plt.close(fig)
         self.plots.append(Plot(file, title))
 
     def line(self, key: str, x: str, ylabel: str, what: str, *, ref: float | None = None,
@@ -304,12 +308,14 @@ def make_plots(runs: Sequence[Run], out: str, x: str = "step", metrics: Sequence
 
 # -- output ------------------------------------------------------------------------------
 def write_csv(path: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    with open(path, "w", newline="", encoding="utf-8") as f:
+    def write(f) -> None:
         w = csv.writer(f)
         w.writerow(headers)
         for row in rows:
             w.writerow(["" if v is None else (v.value if isinstance(v, ByteCount) else v)
                         for v in row])
+
+    write_file(path, write)
 
 
 def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Sequence[Sequence[Any]],
@@ -349,8 +355,7 @@ logged steps; "projected" values come from the cost model, not from a measuremen
 <h2>Runs</h2><ul>{sources}</ul>
 </body></html>
 """
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(page)
+    write_text(path, page)
 
 
 def default_out(runs: Sequence[Run]) -> str:

@@ -93,11 +93,12 @@ def check(conf: str) -> list[str]:
 
 def write(conf: str) -> list[str]:
     """(Re)write the generated files (conf/compressor); the paths written."""
+    from repro.durable import write_text
+
     written = []
     for path, text in expected_files(conf).items():
         os.makedirs(os.path.dirname(path), exist_ok=True)
         if not os.path.exists(path) or _read(path) != text:
-            with open(path, "w") as f:
-                f.write(text)
+            write_text(path, text)
             written.append(path)
     return written

@@ -182,7 +182,11 @@ class TrainConfig:
     steps: int = 100  # optimizer steps (all workers together)
     eval_every: int = 50  # 0: evaluate only at the end
     eval_batches: Optional[int] = 20
-    checkpoint_every: int = 0  # 0: no checkpoints
+    checkpoint_every: int = 0  # a checkpoint every N steps (0: not by step count)
+    # ... and at least every N seconds of training (0: not by time). Whatever these say, a
+    # run stopped by SIGTERM / SIGINT writes one at the step it stopped.
+    checkpoint_every_s: float = 600.0
+    keep_checkpoints: int = 2  # the newest N complete checkpoints are kept (0: all)
     # false: DDP's built-in allreduce instead of our comm hook (compressor=none, real
     # ranks only): the baseline of the hook-overhead benchmark (`repro hookbench`).
     comm_hook: bool = True
@@ -196,6 +200,10 @@ class TrainConfig:
     name: Optional[str] = None  # run name; derived from compressor/task/ratio/workers
 
 
+MAX_WORKERS = 1024  # the pre-launch probe exchanges among this many workers in ~2.5 s
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+
 @functools.cache
 def _structured() -> DictConfig:
     return OmegaConf.structured(TrainConfig)
@@ -205,6 +213,29 @@ def schema() -> DictConfig:
     """A fresh structured config of TrainConfig: a copy of one built per process (building
     it walks the dataclasses, 13 ms; the copy takes 2.5)."""
     return copy.deepcopy(_structured())
+
+
+def check_path_component(key: str, value: Any) -> None:
+    """A name used as one folder of a path: not empty, not "." or "..", no separator,
+    no NUL; else a ValueError naming the key."""
+    text = str(value)
+    seps = [s for s in (os.sep, os.altsep, "/") if s]
+    if text in ("", ".", "..") or any(s in text for s in seps) or "\0" in text:
+        raise ValueError(f"{key}={text!r} must be one folder name (no {'/'.join(dict.fromkeys(seps))}, "
+                         "not '.' or '..', not empty): it names a folder under runs_root; to put "
+                         "runs elsewhere set runs_root")
+
+
+def check_run_names(cfg: DictConfig) -> None:
+    """group and name are single folder names, and the run folder lies inside runs_root."""
+    check_path_component("group", cfg.group)
+    if cfg.name is not None:
+        check_path_component("name", cfg.name)
+    root = os.path.normpath(os.path.abspath(str(cfg.runs_root)))
+    run_dir = os.path.normpath(os.path.abspath(resolve_run_dir(cfg)))
+    if os.path.commonpath([root, run_dir]) != root or run_dir == root:
+        raise ValueError(f"the run folder {run_dir} lies outside runs_root={cfg.runs_root}; set "
+                         "runs_root (and group, name) instead of run_dir")
 
 
 def check_choice(key: str, value: Any, allowed: list[str] | tuple[str, ...]) -> None:
@@ -246,6 +277,10 @@ def validate(cfg: DictConfig) -> None:
 
     check_choice("task.data", cfg.task.data, DATA_KINDS)
     check_at_least("cluster.workers", cfg.cluster.workers, 1)
+    if cfg.cluster.workers > MAX_WORKERS:
+        raise ValueError(f"cluster.workers={cfg.cluster.workers} is more than this suite runs "
+                         f"(at most {MAX_WORKERS} ranks or simulated workers); to project onto a "
+                         "larger cluster, set cluster.target_workers")
     check_at_least("cluster.threads_per_worker", cfg.cluster.threads_per_worker, 1)
     check_at_least("cluster.max_restarts", cfg.cluster.max_restarts, 0)
     check_at_least("cluster.replica_check_every", cfg.cluster.replica_check_every, 0)
@@ -263,14 +298,19 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"cluster.sync_every={cfg.cluster.sync_every} averages the model replicas "
                          f"of cluster.mode=replicas, but cluster.mode={cfg.cluster.mode} keeps one "
                          "model; set cluster.mode=replicas or cluster.sync_every=0")
-    if not cfg.cluster.timeout_s > 0:
-        raise ValueError(f"cluster.timeout_s={cfg.cluster.timeout_s} must be > 0 (seconds a "
-                         "collective may wait for the other ranks)")
+    if not 0 < cfg.cluster.timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"cluster.timeout_s={cfg.cluster.timeout_s} must be > 0 and at most "
+                         f"{MAX_TIMEOUT_S:g} (a week): seconds a collective may wait for the "
+                         "other ranks")
     check_choice("nonfinite", cfg.nonfinite, ("error", "skip", "off"))
     check_at_least("steps", cfg.steps, 1)
-    for key in ("eval_every", "checkpoint_every", "logger.log_every", "compressor.start_step",
-                "compressor.warmup_steps", "compressor.min_numel"):
+    for key in ("eval_every", "checkpoint_every", "keep_checkpoints", "logger.log_every",
+                "compressor.start_step", "compressor.warmup_steps", "compressor.min_numel"):
         check_at_least(key, OmegaConf.select(cfg, key), 0)
+    if not 0 <= cfg.checkpoint_every_s < math.inf:
+        raise ValueError(f"checkpoint_every_s={cfg.checkpoint_every_s} must be a number of "
+                         "seconds >= 0 (0: no checkpoints by time)")
+    check_run_names(cfg)
     if cfg.cluster.device.startswith("cuda"):
         import torch
 
@@ -502,10 +542,10 @@ def resolve_run_dir(cfg: DictConfig) -> str:
 
 
 def save(cfg: DictConfig, path: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(OmegaConf.to_yaml(cfg, resolve=True))
-    os.replace(tmp, path)
+    """The resolved config as YAML, whole or not at all (repro.durable)."""
+    from repro.durable import write_text
+
+    write_text(path, OmegaConf.to_yaml(cfg, resolve=True))
 
 
 def load(path: str) -> DictConfig:

@@ -42,7 +42,7 @@ import compressors
 from compressors import MomentumCorrection, Segment, Session
 from compressors.base import resolve_scope
 from compressors.requests import AllReduce
-from compressors.session import all_finite, mix_seed
+from compressors.session import finite_norm, finite_norms, mix_seed
 from compressors.multiplex import multiplex
 from repro.costmodel import EfficiencySelector
 from repro.distributed import run_async
@@ -51,6 +51,8 @@ from repro.schedule import RatioWarmup
 
 NONFINITE = ("error", "skip", "off")
 SKIPPED = object()  # what a guarded protocol returns when the workers skip the step
+# agree's kinds of an unusable gradient (0: none)
+KINDS = {1: "NaN", 2: "Inf", 3: "values too large to compress (their norm overflows float32)"}
 
 
 class NonFiniteGradient(FloatingPointError):
@@ -403,10 +405,11 @@ class WorkerCompression:
         the same on every worker, so all take the same decisions. `buffers` (the DDP
         buckets the gradients are views of) are checked first, one native read each."""
         position, kind = -1, 0
-        if self.nonfinite != "off" and not (buffers and all(all_finite(b) for b in buffers)):
+        if self.nonfinite != "off" and not (buffers and all(finite_norm(b) for b in buffers)):
             for i, (_, g) in enumerate(named):
-                if not all_finite(g):
-                    position, kind = i, 1 if bool(torch.isnan(g).any()) else 2
+                if not finite_norm(g):
+                    position = i
+                    kind = 1 if bool(torch.isnan(g).any()) else 2 if bool(torch.isinf(g).any()) else 3
                     break
         device = named[0][1].device if named else torch.device("cpu")
         # Each worker fills its own row of a (workers × 2) table, zero elsewhere, and adds
@@ -419,21 +422,33 @@ class WorkerCompression:
             table[2 * self.world_size:] = torch.tensor(used, dtype=torch.int64)
         table = (yield AllReduce(table.to(device))).cpu()
         rows = table[: 2 * self.world_size].view(self.world_size, 2).tolist()
-        reports = [(rank, p - 1, "NaN" if k == 1 else "Inf")
-                   for rank, (p, k) in enumerate(rows) if p > 0]
+        reports = [(rank, p - 1, KINDS[k]) for rank, (p, k) in enumerate(rows) if p > 0]
         unused = frozenset((table[2 * self.world_size:] == 0).nonzero().flatten().tolist())
         return reports, unused
 
     def _finisher(self, named, finish):
         """finish for a guarded protocol: a skipped step leaves every gradient zero (so a
-        loop that steps anyway applies no NaN) and flags the worker (`skipped`)."""
+        loop that steps anyway applies no NaN) and flags the worker (`skipped`). What the
+        exchange produced is checked too, under the same policy (finite_norms: a sum that
+        overflowed, a compressor's output that did): the aggregate is the same on every
+        rank, so every rank decides alike without another collective. (A step skipped
+        there keeps what the exchange put into the error feedback.)"""
         def run(result):
             self.skipped = result is SKIPPED
+            if not self.skipped:
+                finish(result)
+                if self.nonfinite != "off" and not finite_norms([g for _, g in named]):
+                    if self.nonfinite == "error":
+                        raise NonFiniteGradient(
+                            f"the aggregate of {len(named)} gradient(s) ({named[0][0]!r}, ...) "
+                            f"is not finite after compression by {type(self.compressor).__name__}: "
+                            "its output overflowed although its input was finite. Lower the "
+                            "learning rate or clip gradients; or skip such steps: "
+                            "nonfinite='skip'")
+                    self.skipped = True
             if self.skipped:
                 self.skipped_steps += 1
                 torch._foreach_zero_([g for _, g in named])
-                return
-            finish(result)
         return run
 
     def _plan_model(self, named):

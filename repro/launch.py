@@ -14,9 +14,9 @@ differing key, unless the caller asked to restart it.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -155,10 +155,12 @@ def expand_sweep(overrides: list[str]) -> list[list[str]]:
 
 # Config keys that cannot change a run's results, left out when a run's config is compared
 # with the config.yaml already in its directory: where the run lives (run_dir, runs_root;
-# moving or copying a runs folder must not invalidate its runs) and how progress is shown
-# or mirrored (the progress bar, W&B logging and its project), none of which touches the
-# training itself or the local metrics.jsonl / summary.json.
-RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project")
+# moving or copying a runs folder must not invalidate its runs), how progress is shown
+# or mirrored (the progress bar, W&B logging and its project) and how often checkpoints
+# are written and kept (a resumed run equals an uninterrupted one), none of which touches
+# the training itself or the local metrics.jsonl / summary.json.
+RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project",
+                       "checkpoint_every", "checkpoint_every_s", "keep_checkpoints")
 
 ON_CHANGE = ("refuse", "restart")
 
@@ -186,6 +188,8 @@ class Planned:
     # How this run's config differs from the config.yaml already in run_dir (empty when
     # there is none, or it is the same up to RESULT_NEUTRAL_KEYS).
     changes: list[Change] = field(default_factory=list)
+    # Why a run marked DONE cannot be trusted (its summary.json is missing or unreadable).
+    broken: str | None = None
 
 
 def _show(value: Any) -> str:
@@ -273,32 +277,68 @@ def plan(overrides: list[str], multirun: bool, on_change: str = "refuse") -> lis
         config_mod.validate(cfg)
         run_dir = config_mod.resolve_run_dir(cfg)
         cfg.run_dir = run_dir
-        changes = config_changes(cfg, os.path.join(run_dir, "config.yaml"))
-        done = os.path.exists(os.path.join(run_dir, "DONE")) and not changes
-        planned.append(Planned(combo, cfg, run_dir, done, changes))
+        planned.append(_refresh(Planned(combo, cfg, run_dir, False)))
     dirs = [p.run_dir for p in planned]
     if len(set(dirs)) != len(dirs):
         raise ValueError("two runs of this sweep map to the same run directory; set name= or group=")
     changed = [p for p in planned if p.changes]
     if changed and on_change == "refuse":
         raise ValueError(_changed_message(changed))
+    broken = [p for p in planned if p.broken]
+    if broken and on_change == "refuse":
+        raise ValueError(_broken_message(broken))
     return planned
 
 
-def discard(p: Planned) -> None:
-    """Delete a planned run's directory (its old config, metrics, checkpoints, DONE), so
-    that it runs afresh; p.changes is kept, to say why."""
-    if os.path.exists(p.run_dir):
-        shutil.rmtree(p.run_dir)
+def _refresh(p: Planned) -> Planned:
+    """p's done, changes and broken from what its run directory holds now."""
+    p.changes = config_changes(p.cfg, os.path.join(p.run_dir, "config.yaml"))
+    p.broken = None
+    p.done = os.path.exists(os.path.join(p.run_dir, "DONE")) and not p.changes
+    if p.done:
+        from repro.logging import read_summary
+
+        try:
+            if read_summary(p.run_dir) is None:
+                p.broken = f"{os.path.join(p.run_dir, 'summary.json')} is missing"
+        except ValueError as exc:
+            p.broken = str(exc)
+        p.done = p.broken is None
+    return p
+
+
+def _broken_message(broken: list[Planned]) -> str:
+    lines = [("a run of this command is marked finished (DONE) but its summary cannot be "
+              "read, so it is neither skipped nor resumed (nothing was run):")]
+    lines += [f"  {p.broken}" for p in broken]
+    lines.append("Run it again from scratch: `repro train --restart ...`; or delete its DONE "
+                 "and run the same command: it finishes from its last checkpoint.")
+    return "\n".join(lines)
+
+
+def discard(p: Planned, out=None) -> None:
+    """Delete what a planned run's directory holds (its old config, metrics, checkpoints,
+    DONE), so that it runs afresh, saying what to `out`: only a folder `repro train`
+    made (runfolder.not_deletable); its lock stays. p.changes is kept, to say why."""
+    from repro import runfolder
+
+    if os.path.exists(p.run_dir) and set(os.listdir(p.run_dir)) - {runfolder.LOCK}:
+        if out is not None:
+            out(f"  deleting {p.run_dir} ({runfolder.contents(p.run_dir)})")
+        runfolder.clear(p.run_dir)
     p.done = False
 
 
-def status(p: Planned, dry_run: bool = False) -> str:
+def status(p: Planned, dry_run: bool = False, restart: bool = False) -> str:
     """The word printed for a planned run: '[done, skipped]', '[running]', ..."""
     if p.done:
         return "done, skipped"
     if p.changes:
         return "config changed, " + ("would restart" if dry_run else "restarting")
+    if p.broken:
+        return "summary unreadable, " + ("would restart" if dry_run else "restarting")
+    if restart and os.path.exists(os.path.join(p.run_dir, "config.yaml")):
+        return "would restart" if dry_run else "restarting"
     return "would run" if dry_run else "running"
 
 
@@ -312,11 +352,14 @@ def launch(p: Planned) -> None:
 def prepare(p: Planned) -> None:
     """Write the run's config.yaml into its directory (refusing a directory that holds a
     different config): what a run, started here or in a submitted job, reads."""
+    from repro import runfolder
+
     cfg_path = os.path.join(p.run_dir, "config.yaml")
     changes = config_changes(p.cfg, cfg_path)
     if changes:
         raise ValueError(_changed_message([Planned(p.overrides, p.cfg, p.run_dir, False, changes)]))
     os.makedirs(p.run_dir, exist_ok=True)
+    runfolder.mark(p.run_dir)
     config_mod.save(p.cfg, cfg_path)
 
 
@@ -442,21 +485,34 @@ def torchrun(run_dir: str, cfg: DictConfig, network=None) -> None:
 
 
 def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
-          restart: bool = False, out=print, on_change: str = "refuse") -> list[str]:
+          restart: bool = False, out=print, on_change: str = "refuse",
+          wait: bool = False) -> list[str]:
     """Plan, then run every run not yet done; the run directories in order.
 
-    restart=True discards every run's directory first (`repro train --restart`).
+    restart=True discards every run's directory first (`repro train --restart`; only a
+    folder `repro train` made, and each one it deletes is named; a dry run lists them).
     Otherwise a run whose directory holds a different config is handled by on_change:
     "refuse" (the command line's choice) raises before anything runs; "restart" (for a
     caller that owns its runs folder, e.g. the paper figures) discards and re-runs it. A
-    dry run deletes nothing."""
+    dry run deletes nothing.
+
+    Each run holds its folder's lock while it runs (repro.runfolder): a run that another
+    launch is running raises RunInUse naming it, or with wait=True waits for it. A
+    SIGTERM / SIGINT stops the run at the end of its step, with a checkpoint there, and
+    raises stopping.Interrupted whose message says where it stopped."""
     if on_change not in ON_CHANGE:
         raise ValueError(f"on_change={on_change!r}; choose one of: {', '.join(ON_CHANGE)}")
-    from repro import cluster
+    from repro import cluster, runfolder, stopping
 
     overrides, launcher = cluster.split_overrides(overrides)
     settings = cluster.launcher_config(launcher)  # a submitit launcher's, or None
     planned = plan(overrides, multirun, on_change="restart" if restart else on_change)
+    # Pre-flight: a folder a restart would delete must be a run folder repro train made.
+    refused = [runfolder.not_deletable(p.run_dir) for p in planned
+               if restart or p.changes or p.broken]
+    refused = [r for r in refused if r is not None]
+    if refused:
+        raise ValueError("nothing was deleted or run: " + "; ".join(refused))
     if not dry_run:
         # Pre-flight: every run that will run can write its directory (a read-only or
         # foreign runs folder fails here, naming it, before any run of a sweep starts).
@@ -466,22 +522,52 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
             check_writable(folder, "the run directory",
                            "nothing was run; set runs_root to a folder this user can write")
     submitted: list[str] = []
-    for p in planned:
-        if restart:
-            p.done, p.changes = False, []
-            if not dry_run:
-                discard(p)
-        elif p.changes and not dry_run:
-            discard(p)
-        out(f"[{status(p, dry_run)}] {p.run_dir}")
-        if p.done or dry_run:
-            continue
-        if settings is None:
-            launch(p)
-            _print_summary(p.run_dir, out)
-        else:
-            prepare(p)
-            submitted.append(p.run_dir)
+    with stopping.stop_on_signals(forward=stopping.RankForwarder()):
+        for p in planned:
+            delete = restart or bool(p.changes) or bool(p.broken)
+            if restart:  # whatever the folder holds goes: its changes need no mention
+                p.done, p.changes, p.broken = False, [], None
+            if dry_run:
+                out(f"[{status(p, dry_run, restart)}] {p.run_dir}")
+                if delete and os.path.exists(p.run_dir):
+                    out(f"  would delete {p.run_dir} ({runfolder.contents(p.run_dir)})")
+                continue
+            if stopping.requested() is not None:
+                raise stopping.Interrupted(f"interrupted before {p.run_dir} started; the same "
+                                           "command goes on with it", stopping.requested())
+            if p.done and not restart:
+                out(f"[{status(p)}] {p.run_dir}")
+                continue
+            with runfolder.locked(p.run_dir, wait=wait, out=out,
+                                  give_up=lambda: stopping.requested() is not None):
+                if not restart:  # another launch may have finished or changed it meanwhile
+                    _refresh(p)
+                    if p.done:
+                        out(f"[{status(p)}] {p.run_dir}")
+                        continue
+                    delete = bool(p.changes) or bool(p.broken)
+                line = f"[{status(p, restart=restart)}] {p.run_dir}"
+                if delete:
+                    discard(p, out)
+                out(line)
+                if settings is None:
+                    try:
+                        launch(p)
+                    except Exception as exc:
+                        if stopping.requested() is not None:  # e.g. a rank the signal
+                            # reached before it could take it (still starting up)
+                            raise _interrupted(p.run_dir, stopping.requested()) from exc
+                        if getattr(exc, "run_dir", None) is None:
+                            with contextlib.suppress(AttributeError):
+                                exc.run_dir = p.run_dir  # the failure's log goes there
+                        raise
+                else:
+                    prepare(p)
+                    submitted.append(p.run_dir)
+            if settings is None:
+                if stopping.requested() is not None:
+                    raise _interrupted(p.run_dir, stopping.requested())
+                _print_summary(p.run_dir, out)
     if submitted:
         # One job per run; submitit's job folders beside the runs of the group.
         folder = os.path.join(os.path.dirname(submitted[0]), ".submitit", "%j")
@@ -489,6 +575,20 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
         for run_dir in submitted:
             _print_summary(run_dir, out)
     return [p.run_dir for p in planned]
+
+
+def _interrupted(run_dir: str, signum: int):
+    """The stopping.Interrupted of a run stopped by a signal, from what its folder holds:
+    the steps done (its metrics), its newest checkpoint, whether it finished."""
+    from repro import checkpoints, stopping
+    from repro.logging import METRICS_FILE, parse_metrics
+
+    metrics = os.path.join(run_dir, METRICS_FILE)
+    records = parse_metrics(metrics)[0] if os.path.exists(metrics) else []
+    checkpoint = checkpoints.newest_step(os.path.join(run_dir, "checkpoints"))
+    step = max([r["step"] + 1 for r in records] + [checkpoint or 0])
+    finished = os.path.exists(os.path.join(run_dir, "DONE"))
+    return stopping.Interrupted(stopping.interrupted_line(step, checkpoint, finished), signum)
 
 
 def _print_summary(run_dir: str, out) -> None:

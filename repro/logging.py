@@ -31,7 +31,6 @@ import os
 import re
 import secrets
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Iterable, Mapping
@@ -175,24 +174,6 @@ def sanitise(obj: Any) -> Any:
         return obj
 
 
-def atomic_write_text(path: str, write) -> None:
-    """Run write(file) into a temp file beside `path`, fsync, then os.replace: readers see
-    the old file or the new one, never a half-written one. The temp file is removed on
-    failure."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 # -- metrics.jsonl -----------------------------------------------------------------------
 def parse_metrics(path: str) -> tuple[list[dict[str, Any]], bool]:
     """(complete records, whether a torn last line was dropped). A bad line anywhere but
@@ -233,12 +214,19 @@ def read_metrics(run_dir: str) -> list[dict[str, Any]]:
 
 
 def read_summary(run_dir: str) -> dict[str, Any] | None:
-    """RUN_DIR/summary.json, or None while the run has not finished."""
+    """RUN_DIR/summary.json, or None while the run has not finished; a ValueError naming
+    the file when it is not a JSON object (a damaged file)."""
     path = os.path.join(run_dir, SUMMARY_FILE)
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            summary = json.load(f)
+        except ValueError as exc:
+            raise ValueError(f"{path} is not valid JSON ({exc})") from None
+    if not isinstance(summary, dict):  # the file's content is wrong: a ValueError, as for bad JSON
+        raise ValueError(f"{path} does not hold a JSON object")  # noqa: TRY004
+    return summary
 
 
 class MetricsWriter:
@@ -257,7 +245,7 @@ class MetricsWriter:
 
     def __init__(self, run_dir: str, resume_step: int | None = None, *,
                  wall_offset: float | None = None):
-        from repro.checkpoints import remove_stale_temps, write_error
+        from repro.durable import remove_stale_temps, write_error, write_file
 
         bad_type = isinstance(resume_step, bool) or not isinstance(resume_step, int)
         if resume_step is not None and (bad_type or resume_step < -1):
@@ -274,7 +262,7 @@ class MetricsWriter:
         remove_stale_temps(self.path)  # left by a writer killed while rewriting the file
         # Rewritten even when nothing changes: also truncates a fresh run's stale file.
         try:
-            atomic_write_text(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
+            write_file(self.path, lambda f: f.writelines(json.dumps(r) + "\n" for r in kept))
         except OSError as exc:
             raised = write_error(self.path, exc, "the file was left as it was")
             if raised is None:
@@ -362,6 +350,8 @@ class MetricsWriter:
 
 def write_summary(run_dir: str, summary: Mapping[str, Any]) -> None:
     """RUN_DIR/summary.json, atomically: a failure leaves the previous summary intact."""
+    from repro.durable import write_file
+
     clean = sanitise(summary)
 
     def dump(f) -> None:
@@ -372,7 +362,7 @@ def write_summary(run_dir: str, summary: Mapping[str, Any]) -> None:
                             f"numbers, strings, None, lists and dicts") from exc
         f.write("\n")
 
-    atomic_write_text(os.path.join(run_dir, SUMMARY_FILE), dump)
+    write_file(os.path.join(run_dir, SUMMARY_FILE), dump)
 
 
 # -- W&B ---------------------------------------------------------------------------------
@@ -463,8 +453,10 @@ class WandbLogger:
                 existing = f.read().strip()
             if existing:
                 return existing
+        from repro.durable import write_text
+
         new = secrets.token_hex(4)
-        atomic_write_text(path, lambda f: f.write(new + "\n"))
+        write_text(path, new + "\n")
         return new
 
     @property

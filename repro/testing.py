@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from repro.checkpoints import save
+
 
 def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callable, args: tuple,
            network: dict | None = None) -> None:
@@ -34,9 +36,9 @@ def _entry(rank: int, world_size: int, init_file: str, out_dir: str, fn: Callabl
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     try:
         result: Any = fn(rank, world_size, *args)
-        torch.save({"ok": True, "result": result}, os.path.join(out_dir, f"{rank}.pt"))
+        save({"ok": True, "result": result}, os.path.join(out_dir, f"{rank}.pt"))
     except BaseException:
-        torch.save({"ok": False, "error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
+        save({"ok": False, "error": traceback.format_exc()}, os.path.join(out_dir, f"{rank}.pt"))
         raise
     finally:
         dist.destroy_process_group()

@@ -18,6 +18,7 @@ import os
 import random
 import threading
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -142,6 +143,7 @@ class Trainer:
         self.wall_offset = 0.0
         self.best: dict[str, Any] = {}
         self.ckpt_dir = os.path.join(run_dir, "checkpoints")
+        self.last_checkpoint_t = time.perf_counter()
 
     # -- pieces both modes use ---------------------------------------------------------
     def make_compression(self, rank: int, world: int, names: dict[int, str]) -> WorkerCompression:
@@ -272,19 +274,68 @@ class Trainer:
 
     def latest_checkpoint(self) -> str | None:
         """The newest complete, unaltered checkpoint made under this run's config (a bad
-        one is skipped with a warning naming the file: repro.checkpoints), or None. With
-        real ranks rank 0 decides and every rank resumes from the same one."""
-        from repro import checkpoints
-
-        path = None
+        one is skipped with a warning naming the file: repro.checkpoints; so is one that
+        passes its checksums but not the safe loader), or None. Only a checkpoint whose
+        steps metrics.jsonl covers is taken (`metrics_gap`); when the newest does not
+        and no older one is left, MetricsGap names the missing steps. With real ranks
+        rank 0 decides and every rank resumes from the same one (or raises the same error)."""
+        path: Any = None
         if self.is_main:
-            path = checkpoints.find(self.ckpt_dir, checkpoints.config_hash(self.cfg),
-                                    self.checkpoint_files())
+            try:
+                path = self.find_checkpoint()
+            except MetricsGap as exc:
+                path = exc
         if dist.is_initialized() and dist.get_world_size() > 1:
             box = [path]
             dist.broadcast_object_list(box, src=0)
             path = box[0]
+        if isinstance(path, MetricsGap):
+            raise path
         return path
+
+    def find_checkpoint(self) -> str | None:
+        """latest_checkpoint's choice, on rank 0."""
+        from repro import checkpoints
+
+        cfg_hash = checkpoints.config_hash(self.cfg)
+        needed = self.checkpoint_files()
+        path = checkpoints.find(self.ckpt_dir, cfg_hash, needed, loadable=True)
+        gap = None if path is None else self.metrics_gap(upto=checkpoints.step_of(path))
+        if gap is None:
+            return path
+        older = checkpoints.find(self.ckpt_dir, cfg_hash, needed, max_step=gap[0],
+                                 loadable=True)
+        if older is not None:
+            warnings.warn(f"resuming from {older}, not {path}: {gap[1]}", RuntimeWarning,
+                          stacklevel=2)
+            return older
+        raise MetricsGap(f"{path} cannot be resumed: {gap[1]}; nothing was run. Restore that "
+                         "file, or start the run afresh with --restart")
+
+    def logged_steps(self, upto: int) -> list[int]:
+        """The steps below `upto` that leave a line in metrics.jsonl: every
+        logger.log_every-th, each one ending with an evaluation, and the last."""
+        cfg = self.cfg
+        every, evals = cfg.logger.log_every, cfg.eval_every
+        return [s for s in range(min(upto, cfg.steps))
+                if (every and s % every == 0) or (evals and (s + 1) % evals == 0)
+                or s == cfg.steps - 1]
+
+    def metrics_gap(self, upto: int | None = None) -> tuple[int, str] | None:
+        """(first step whose line metrics.jsonl lacks, what is missing) among the steps
+        below `upto` (all) that leave one, or None when it holds all of them."""
+        from repro.logging import METRICS_FILE, parse_metrics
+
+        path = os.path.join(self.run_dir, METRICS_FILE)
+        records = parse_metrics(path)[0] if os.path.exists(path) else []
+        have = {r["step"] for r in records}
+        missing = [s for s in self.logged_steps(self.cfg.steps if upto is None else upto)
+                   if s not in have]
+        if not missing:
+            return None
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        return missing[0], (f"{path} lacks the lines of {len(missing)} step(s) ({shown}): it "
+                            "was truncated, replaced or deleted")
 
     @staticmethod
     def atomic_save(obj: Any, path: str) -> None:
@@ -372,8 +423,19 @@ class Trainer:
                 writer.log(self.step - 1, **metrics)
                 if wandb is not None:
                     wandb.log(self.step - 1, metrics)
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            stop, due = self.step_flags()
+            stop = stop and not last  # a signal at the last step: the run just finishes
+            if stop or due or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
                 self.save_checkpoint()
+                self.checkpoint_saved()
+            if stop:
+                break
+        if self.step < cfg.steps:  # stopped by a signal (repro.stopping), a checkpoint here
+            if self.is_main:
+                writer.close()
+                if wandb is not None:
+                    wandb.finish()
+            return {"steps": self.step, "interrupted": True}
         if final is None:  # relaunched after the last checkpoint: its record is on file already
             final = self.add_eval({})
         summary = {
@@ -399,6 +461,10 @@ class Trainer:
             from repro import checkpoints
 
             try:
+                gap = self.metrics_gap()
+                if gap is not None:  # another writer, or a hand, took lines away
+                    raise MetricsGap(f"{self.run_dir} is not marked finished: {gap[1]}; start "
+                                     "the run afresh with --restart")
                 writer.write_summary(summary)
                 checkpoints.write_text(os.path.join(self.run_dir, "DONE"), f"{self.step}\n")
             except OSError as exc:
@@ -416,10 +482,31 @@ class Trainer:
                 if wandb is not None:
                     wandb.finish()
             checkpoints.remove_stale_temps_under(self.run_dir)  # left by killed attempts
+            checkpoints.prune(self.ckpt_dir, cfg.keep_checkpoints)  # and a prune cut short
         return summary
 
     def after_update(self) -> None:
         """Once the step's update is applied (real ranks: the replica check)."""
+
+    def local_flags(self) -> tuple[bool, bool]:
+        """(this process was asked to stop by a signal, a checkpoint is due by time)."""
+        from repro import stopping
+
+        every = self.cfg.checkpoint_every_s
+        due = bool(every) and time.perf_counter() - self.last_checkpoint_t >= every
+        return stopping.requested() is not None, due
+
+    def step_flags(self) -> tuple[bool, bool]:
+        """(stop after this step, write a checkpoint now), the same on every worker."""
+        return self.local_flags()
+
+    def checkpoint_saved(self) -> None:
+        """After a checkpoint was sealed: its clock restarts, rank 0 prunes old ones."""
+        self.last_checkpoint_t = time.perf_counter()
+        if self.is_main:
+            from repro import checkpoints
+
+            checkpoints.prune(self.ckpt_dir, self.cfg.keep_checkpoints)
 
     def compression_step(self) -> int:
         """The step index the exchanges use (seeds, cyclic leaders): steps skipped for a
@@ -537,9 +624,16 @@ class DDPTrainer(Trainer):
         self.optimizer.zero_grad(set_to_none=True)
         loss = poisoned(self.task.loss(self.ddp, batch), self.step, self.rank)
         loss.backward()
-        value = loss.detach().clone()
+        # The step's stop and checkpoint flags travel with the loss: every rank takes the
+        # same decision at the same step (step_flags), at no extra collective.
+        value = torch.cat([loss.detach().reshape(1),
+                           torch.tensor(self.local_flags(), dtype=loss.dtype, device=loss.device)])
         dist.all_reduce(value)
-        return float(value) / self.world_size, self.task.batch_samples(batch)
+        self.agreed_flags = (bool(value[1] > 0), bool(value[2] > 0))
+        return float(value[0]) / self.world_size, self.task.batch_samples(batch)
+
+    def step_flags(self) -> tuple[bool, bool]:
+        return self.agreed_flags
 
     def checkpoint_files(self) -> list[str]:
         return ["trainer.pt", *(f"rank{r}.pt" for r in range(self.world_size))]
@@ -693,6 +787,8 @@ class SimulatedTrainer(Trainer):
                              f"cluster.workers={self.world_size}; restart the run (--restart)")
         for c, w in zip(self.compressions, workers):
             c.load_state_dict(w["compression"])
+            # steps skipped for a NaN/Inf: the exchanges' step index (compression_step)
+            c.skipped_steps = int(w.get("skipped_steps", 0))
         self.worker_rng = [w["rng"] for w in workers]
         set_rng(self.worker_rng[0])
         return True
@@ -704,7 +800,7 @@ class SimulatedTrainer(Trainer):
 
         name = f"step_{self.step:08d}"
         path = os.path.join(self.ckpt_dir, name)
-        workers = [{"compression": c.state_dict(), "rng": rng}
+        workers = [{"compression": c.state_dict(), "rng": rng, "skipped_steps": c.skipped_steps}
                    for c, rng in zip(self.compressions, self.worker_rng)]
         try:
             checkpoints.begin(path)
@@ -849,6 +945,10 @@ def init_distributed(cfg, rank: int | None = None, world_size: int | None = None
     return dist.get_rank(), dist.get_world_size()
 
 
+class MetricsGap(RuntimeError):
+    """metrics.jsonl lacks steps a checkpoint or a finished run must have logged."""
+
+
 class RankStopped(RuntimeError):
     """Another rank stopped answering: it died, hung past cluster.timeout_s, or failed."""
 
@@ -917,11 +1017,29 @@ class Heartbeat:
             return False
 
 
+def die_with_parent() -> None:
+    """Linux: this rank gets SIGKILL when the process that started it (the launcher, or
+    torchrun's agent) dies, so no rank outlives the launch that holds the run folder's
+    lock (repro.runfolder). Elsewhere nothing changes."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = None,
              init_method: str | None = None) -> dict[str, Any]:
     """Entry point of one real rank (spawned or under torchrun). When a collective fails
     because another rank died or hung (cluster.timeout_s), this rank stops with
-    RankStopped naming the rank(s) that stopped answering."""
+    RankStopped naming the rank(s) that stopped answering. A SIGTERM / SIGINT stops every
+    rank at the same step, after a checkpoint there (repro.stopping), and this returns."""
+    from repro import stopping
+
+    die_with_parent()
     cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
     torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
     rank, world_size = init_distributed(cfg, rank, world_size, init_method)
@@ -933,10 +1051,11 @@ def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = Non
             heartbeat = None
     trainer = None
     try:
-        trainer = DDPTrainer(run_dir, rank, world_size)
-        return trainer.run()
+        with stopping.stop_on_signals(escalate=False):
+            trainer = DDPTrainer(run_dir, rank, world_size)
+            return trainer.run()
     except (RuntimeError, dist.DistError) as exc:
-        if (heartbeat is None or isinstance(exc, (RankStopped, FloatingPointError))
+        if (heartbeat is None or isinstance(exc, (RankStopped, FloatingPointError, MetricsGap))
                 or "FloatingPointError" in str(exc) or "ReplicasDiffer" in str(exc)):
             raise  # every rank raises these itself: nobody stopped answering
         gone = heartbeat.stopped()

@@ -29,11 +29,14 @@ import json
 import os
 import pickle
 import re
+import stat
 import tarfile
+import warnings
 import zipfile
 from collections import Counter
 from pathlib import Path
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -630,26 +633,135 @@ def minilm_path() -> Path:
     return p
 
 
+DERIVED_VERSION = 1  # the layout of a derived-data file (below); another one is rebuilt
+
+
+def _pack(value: Any, arrays: dict[str, np.ndarray]) -> Any:
+    """`value` as a JSON-able description whose tensors and arrays are put in `arrays`
+    under "a0", "a1", ...: dicts with string keys, lists, tuples, tensors, numeric
+    arrays, numbers, strings, booleans and None."""
+    if isinstance(value, torch.Tensor):
+        key = f"a{len(arrays)}"
+        arrays[key] = value.detach().cpu().numpy()
+        return {"tensor": key}
+    if isinstance(value, np.ndarray):
+        if value.dtype.hasobject:
+            raise TypeError("an object array cannot be cached without pickle")
+        key = f"a{len(arrays)}"
+        arrays[key] = value
+        return {"array": key}
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise TypeError("only dicts with string keys are cached")
+        return {"dict": {k: _pack(v, arrays) for k, v in value.items()}}
+    if isinstance(value, (list, tuple)):
+        return {type(value).__name__: [_pack(v, arrays) for v in value]}
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return {"value": value}
+    raise TypeError(f"a {type(value).__name__} cannot be cached without pickle")
+
+
+def _unpack(node: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    (kind, body), = node.items()
+    if kind == "tensor":
+        return torch.from_numpy(arrays[body])
+    if kind == "array":
+        return arrays[body]
+    if kind == "dict":
+        return {k: _unpack(v, arrays) for k, v in body.items()}
+    if kind in ("list", "tuple"):
+        items = [_unpack(v, arrays) for v in body]
+        return items if kind == "list" else tuple(items)
+    if kind == "value":
+        return body
+    raise ValueError(f"unknown entry {kind!r}")
+
+
+def save_derived(path: os.PathLike | str, value: Any) -> None:
+    """`value` (see _pack) as a numpy .npz without object arrays: its arrays, and its
+    structure as JSON text in "structure". No pickle, so loading it runs no code."""
+    from repro.durable import write_file
+
+    arrays: dict[str, np.ndarray] = {}
+    structure = json.dumps({"version": DERIVED_VERSION, "value": _pack(value, arrays)})
+    arrays["structure"] = np.frombuffer(structure.encode(), dtype=np.uint8)
+    # Several processes (spawned ranks) may build the same entry at once: none removes
+    # another's temp file.
+    write_file(path, lambda f: np.savez(f, **arrays), binary=True, remove_stale=False)
+
+
+def load_derived(path: os.PathLike | str) -> Any:
+    """What save_derived wrote (numpy's loader with allow_pickle=False)."""
+    with np.load(path, allow_pickle=False) as npz:
+        arrays = {k: npz[k] for k in npz.files}
+    meta = json.loads(arrays.pop("structure").tobytes().decode())
+    if meta.get("version") != DERIVED_VERSION:
+        raise ValueError(f"{path}: derived-data version {meta.get('version')}")
+    return _unpack(meta["value"], arrays)
+
+
+def foreign_folder(path: Path) -> str | None:
+    """Why a cache folder must not be trusted (None: it may be): it belongs to another
+    user, or another user may write it (group or others write permission), so someone
+    else could put a file there that this process would read as its own."""
+    st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        st = path.stat()
+    if hasattr(os, "getuid") and st.st_uid != os.getuid():
+        return f"{path} belongs to user id {st.st_uid}, not this user ({os.getuid()})"
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "any user" if st.st_mode & stat.S_IWOTH else "its group"
+        return (f"{path} may be written by {who} (mode {stat.filemode(st.st_mode)}); remove "
+                "that permission (chmod go-w)")
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def derived_folder() -> Path | None:
+    """cache_dir()/derived (created 0700), or None with a warning (once per process)
+    when it or the cache directory is one this user must not trust (foreign_folder)."""
+    root = cache_dir()
+    folder = root / "derived"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        problem = foreign_folder(root) or foreign_folder(folder)
+    except OSError as exc:
+        problem = f"{folder} cannot be used ({exc.strerror})"
+    if problem is None:
+        return folder
+    if problem not in _WARNED:
+        _WARNED.add(problem)
+        warnings.warn(f"the derived-data cache is not used: {problem}; or set GRADCOMP_DATA "
+                      "to a folder of your own. The data is rebuilt in memory instead (slower)",
+                      RuntimeWarning, stacklevel=3)
+    return None
+
+
 def disk_cache(name: str, make):
-    """torch.save'd result of make() under cache_dir()/derived/name (reused across
-    processes: spawned ranks and later runs skip the work)."""
+    """make()'s result kept under cache_dir()/derived/NAME.npz (save_derived: no pickle),
+    reused across processes (spawned ranks and later runs skip the work). A cache folder
+    another user owns or may write is not used (derived_folder); a torn, stale or
+    foreign file is rebuilt."""
 
     def load():
-        path = cache_dir() / "derived" / f"{name}.pt"
-        if path.exists():
+        folder = derived_folder()
+        if folder is None:
+            return make()
+        path = folder / f"{name}.npz"
+        try:
+            st = path.lstat()
+        except FileNotFoundError:
+            st = None
+        if st is not None and stat.S_ISREG(st.st_mode) and st.st_uid == os.getuid():
             try:
-                # weights_only=False: the file is this function's own output in the suite's
-                # cache folder (never a file from elsewhere) and holds numpy arrays and
-                # dicts of them, which the weights-only unpickler refuses.
-                return torch.load(path, weights_only=False)
-            except Exception:  # a torn or stale file: rebuild it
+                return load_derived(path)
+            except Exception:  # noqa: BLE001 - a torn or stale file: rebuild it
                 pass
         value = make()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            torch.save(value, tmp)
-            os.replace(tmp, path)
+            save_derived(path, value)
         except OSError:  # a read-only cache still works, only slower
             pass
         return value

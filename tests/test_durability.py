@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 COMMON = ["compressor=dgc", "compressor.ratio=0.05", "task=cifar10_mixer", "task.size=smoke",
           "eval_every=0", "eval_batches=1", "cluster.threads_per_worker=1", "logger=local",
           "logger.progress=false"]
-SIMULATED = [*COMMON, "cluster=simulated", "cluster.workers=2"]
+SIMULATED = [*COMMON, "cluster=simulated", "cluster.workers=2", "keep_checkpoints=0"]
 NEEDED = ["trainer.pt", "workers.pt"]
 
 
@@ -165,13 +165,13 @@ def test_checkpoint_on_a_full_disk_names_the_file_and_the_rerun_resumes(tmp_path
 @needs_mount
 @pytest.mark.slow
 def test_metrics_on_a_full_disk_keep_complete_lines_and_the_rerun_restarts(tmp_path):
-    """No checkpoints, a 12 KiB disk: metrics.jsonl fills it. The error names the file,
+    """No checkpoints, a 20 KiB disk: metrics.jsonl fills it. The error names the file,
     says the disk is full and which step's line was not written; the file still ends
     with a complete line (the part of the failed line is cut off). After the test frees
     space (a larger remount), the same command restarts from step 0 and completes."""
     mnt = tmp_path / "disk"
     ov = [*SIMULATED, "steps=60", "checkpoint_every=0", f"runs_root={mnt}"]
-    with tmpfs(mnt, "12k"):
+    with tmpfs(mnt, "20k"):
         run_dir = run_dir_of(ov)
         with pytest.raises(checkpoints.OutputError) as info:
             launch.train(ov, out=lambda s: None)
@@ -420,16 +420,18 @@ def test_nothing_starts_a_shell():
     assert offenders == []
 
 
-def test_native_cache_owned_or_writable_by_others_is_refused(tmp_path, monkeypatch):
-    """The C++ library is loaded into the process: a cache folder any user may write (or
-    one another user owns) is refused, naming it and the fix, before anything is built."""
+@pytest.mark.parametrize("mode, who", [(0o777, "any user"), (0o770, "its group")])
+def test_native_cache_owned_or_writable_by_others_is_refused(tmp_path, monkeypatch, mode, who):
+    """The C++ library is loaded into the process: a cache folder any user or its group
+    may write (or one another user owns) is refused, naming it and the fix, before
+    anything is built."""
     from compressors.kernels import build
 
     open_folder = tmp_path / "cache"
     open_folder.mkdir()
-    open_folder.chmod(0o777)
+    open_folder.chmod(mode)
     monkeypatch.setenv("GRADCOMP_NATIVE_CACHE", str(open_folder))
-    with pytest.raises(RuntimeError, match="may be written by any user.*GRADCOMP_NATIVE_CACHE"):
+    with pytest.raises(RuntimeError, match=f"may be written by {who}.*GRADCOMP_NATIVE_CACHE"):
         build._build("c++")
     assert list(open_folder.iterdir()) == []
     open_folder.chmod(0o700)

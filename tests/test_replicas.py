@@ -220,19 +220,64 @@ def _nonfinite_workers(rank: int, world: int, names: list[str], *args) -> dict:
     return {name: _nonfinite_worker(rank, world, name, *args) for name in names}
 
 
+def _large_gradient_worker(rank: int, world: int, name: str, scale: float):
+    """A user's DDP loop with repro.hooks.make under each policy: rank 1's loss, and so
+    its gradient, is multiplied by `scale` at step 1 (finite, but its squares overflow)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import repro.hooks
+
+    out = {}
+    for policy in ("error", "skip"):
+        model = _mlp()
+        ddp = DDP(model)
+        state, hook = repro.hooks.make(name, model=ddp, nonfinite=policy)
+        ddp.register_comm_hook(state, hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        skipped = []
+        for step in range(3):
+            x, y = _batch(rank, step)
+            opt.zero_grad()
+            loss = ((ddp(x) - y) ** 2).mean()
+            if step == 1 and rank == 1:
+                loss = loss * scale
+            try:
+                loss.backward()
+            except repro.hooks.NonFiniteGradient as exc:
+                out[policy] = {"error": str(exc)}
+                break
+            if state.skipped:
+                skipped.append(step)
+                continue
+            opt.step()
+        else:
+            out[policy] = {"skipped": skipped, "finite": all(bool(torch.isfinite(p).all())
+                                                            for p in model.parameters())}
+    return out
+
+
+def _faults_worker(rank: int, world: int):
+    """The fault scenarios of the tests below in one spawn of three ranks."""
+    return {"nan": _nonfinite_workers(rank, world, ["topk", "deft"], "error", 3, None, 6),
+            "large": _large_gradient_worker(rank, world, "powersgd", 1e25)}
+
+
+@pytest.fixture(scope="module")
+def three_ranks_faults():
+    from repro.testing import run_ranks
+
+    return run_ranks(_faults_worker, 3)
+
+
 @pytest.mark.distributed
-def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank():
+def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank(three_ranks_faults):
     """Rank 1's gradient is NaN at step 3 (nonfinite='error'): every rank's backward
     raises NonFiniteGradient itself (not DDP's RuntimeError around it), naming the step,
     the tensor and the rank, with the gradients zeroed; the loop that catches it goes on
     training, and the replicas stay identical. topk exchanges bucket by bucket, deft
     holds the buckets for one exchange of the whole gradient."""
-    from repro.testing import run_ranks
-
-    names = ["topk", "deft"]
-    by_rank = run_ranks(_nonfinite_workers, 3, names, "error", 3, None, 6)
-    for name in names:
-        out = [r[name] for r in by_rank]
+    for name in ("topk", "deft"):
+        out = [r["nan"][name] for r in three_ranks_faults]
         messages = set()
         for r in out:
             (error,) = r["errors"]
@@ -244,6 +289,20 @@ def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank():
         for r in out[1:]:
             for p, q in zip(r["params"], out[0]["params"]):
                 assert torch.equal(p, q), name
+
+
+@pytest.mark.distributed
+def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_faults):
+    """Rank 1's gradient is finite but ~1e25 (PowerSGD returned zeros for such a one, Top-k
+    overflowed): under nonfinite=error every one of 3 gloo ranks stops with the same
+    error naming it; under skip every rank skips that step and the model stays finite."""
+    out = [r["large"] for r in three_ranks_faults]
+    errors = [o["error"]["error"] for o in out]
+    errors = [e[e.index("step 1"):] for e in errors]
+    assert len(set(errors)) == 1
+    assert "values too large to compress (their norm overflows float32) on rank 1" in errors[0]
+    for o in out:
+        assert o["skip"] == {"skipped": [1], "finite": True}
 
 
 @pytest.mark.distributed
@@ -296,8 +355,9 @@ def test_efficiency_selection_is_decided_once_for_all_ranks():
 
 
 def test_simulated_workers_share_one_profile(tmp_path, monkeypatch):
-    """The simulated trainer profiles T_comp once, at the run's number of workers, and
-    every worker uses that one selector."""
+    """The simulated trainer profiles T_comp once, at the target cluster's number of
+    workers (the one its network term is for, not the 4 simulated here), and every worker
+    uses that one selector."""
     import os
 
     import repro.train
@@ -319,7 +379,7 @@ def test_simulated_workers_share_one_profile(tmp_path, monkeypatch):
     trainer = SimulatedTrainer(run_dir)
     trainer.setup_optim()
     trainer.setup_compression()
-    assert calls == [4]
+    assert calls == [trainer.network.workers] == [16]
     assert len({id(c.selector) for c in trainer.compressions}) == 1
     del config_mod
 

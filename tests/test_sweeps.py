@@ -106,7 +106,7 @@ def test_changed_sweep_is_refused_then_restarted_then_skipped(tmp_path, monkeypa
     lines.clear()
     again = launch.train([*SWEEP, "steps=3", f"runs_root={root}"], multirun=True,
                          restart=True, out=lines.append)
-    assert again == dirs and status(lines) == [f"[running] {d}" for d in dirs]
+    assert again == dirs and status(lines) == [f"[restarting] {d}" for d in dirs]
     for d in dirs:
         assert steps(d) == [0, 1, 2]
         assert saved_config(d)["steps"] == 3
@@ -132,7 +132,8 @@ def test_unfinished_run_with_changed_config_is_refused_and_same_config_resumes(
     with monkeypatch.context() as m:
         no_training(m)
         for changed, shown in ((["steps=3", "checkpoint_every=1"], "steps: 2 -> 3"),
-                               (["steps=2", "checkpoint_every=2"], "checkpoint_every: 1 -> 2")):
+                               (["steps=2", "checkpoint_every=1", "eval_batches=2"],
+                                "eval_batches: 1 -> 2")):
             with pytest.raises(ValueError) as info:
                 launch.train(["compressor=topk", *COMMON, *changed, f"runs_root={root}"],
                              out=lambda s: None)

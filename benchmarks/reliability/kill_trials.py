@@ -16,7 +16,26 @@ Each trial trains a smoke task on simulated workers with checkpoint_every=1 thro
   windows a timed kill rarely hits: a temp file written but not renamed, a checkpoint's
   files written but its MANIFEST not, summary.json written but DONE not.
 
-A quarter of the trials kill the relaunch once more before the final run. The changes
+A quarter of the trials kill the relaunch once more before the final run.
+
+Two more kinds of trial go through `repro train` (repro.cli) as a user does, on runs of
+--long-steps steps (30: most signals and second launches land while the run trains;
+T below is such a run's duration):
+
+- concurrent: two launches of the same run, the second started after a delay drawn
+  from [0, 0.8 T]; without --wait one of them runs and the other stops naming the first
+  (its pid@host) or finds the run done; with --wait (the second launch) the second waits
+  and then finds it done. Checked: exactly one of them trained, the holder named is the
+  other launch, the run folder ends equal to an uninterrupted run's, no rerun needed;
+- signal: SIGTERM or SIGINT to the launcher process alone after a delay drawn from
+  [0, 1.1 T] (simulated workers, and spawned gloo ranks that only the launcher's
+  forwarding reaches). Checked: exit 128 + the signal, and a last line "interrupted at
+  step N; checkpoint at step N; the same command resumes" whose checkpoint exists and is
+  sealed, whose metrics hold steps 0..N-1 and no DONE (or the run had finished: exit 0,
+  DONE); no rank left running; then the same command resumes from step N and ends equal
+  to an uninterrupted run.
+
+The changes
 are seen through a Python audit hook (sys.addaudithook) installed in the child, which also
 classifies how each final file is written: through a temp file and a rename (atomic),
 appended in place, or rewritten in place (a kill mid-write leaves part of it).
@@ -59,6 +78,14 @@ COMPRESSOR_OVERRIDES = {
     "thc": ["compressor=thc"],
 }
 CHECKPOINT_FILES = ["trainer.pt", "workers.pt"]  # a simulated run's checkpoint
+# The signal trials' spawned ranks: 2 gloo ranks instead of 2 simulated workers.
+RANKS_OVERRIDES = ["cluster=local_cpu", "cluster.workers=2", "cluster.threads_per_worker=1"]
+RANKS_CHECKPOINT_FILES = ["trainer.pt", "rank0.pt", "rank1.pt"]
+_INTERRUPTED = re.compile(r"^repro train: interrupted at step (\d+); checkpoint at step (\d+); "
+                          r"the same command resumes$")
+_INTERRUPTED_EARLY = re.compile(r"^repro train: interrupted at step (\d+); no checkpoint \(the "
+                                r"same command starts the run again\)$")
+TAG = "GRADCOMP_KILL_TRIAL"  # environment variable naming a trial's folder in its processes
 _TEMP = re.compile(r"\.[A-Za-z0-9_]{8}\.tmp$|\.tmp(\.png)?$|\.tmp$")
 
 
@@ -113,6 +140,7 @@ def child(spec: dict[str, Any]) -> int:
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     audit: list | None = [] if spec.get("audit") else None
+    os.environ[TAG] = spec["watch"]  # inherited by every process the run starts
     _install_audit(spec["watch"], spec.get("kill_at"), audit)
     code = 0
     try:
@@ -120,6 +148,10 @@ def child(spec: dict[str, Any]) -> int:
             from repro import launch
 
             launch.train(spec["overrides"])
+        elif spec["kind"] == "cli-train":
+            from repro import cli
+
+            code = cli.main(["train", *spec["overrides"], *spec.get("flags", [])])
         else:
             from repro import cli
 
@@ -143,9 +175,14 @@ class Outcome:
     moment: float | None = None  # timed kills: seconds after the start
 
 
-def run_child(spec: dict[str, Any], launcher: str, kill_after: float | None,
-              timeout: float) -> Outcome:
-    """Start the child, SIGKILL it after kill_after seconds (None: never), wait."""
+@dataclass
+class Child:
+    pid: int
+    proc: subprocess.Popen | None
+    start: float
+
+
+def start_child(spec: dict[str, Any], launcher: str) -> Child:
     start = time.perf_counter()
     if launcher == "fork":
         sys.stdout.flush()
@@ -157,34 +194,45 @@ def run_child(spec: dict[str, Any], launcher: str, kill_after: float | None,
                 code = child(spec)
             finally:
                 os._exit(code)
-        proc = None
-    else:
-        proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child",
-                                 json.dumps(spec)])
-        pid = proc.pid
-    deadline = start + timeout
-    killed = False
+        return Child(pid, None, start)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child",
+                             json.dumps(spec)])
+    return Child(proc.pid, proc, start)
+
+
+def wait_child(c: Child, kill_after: float | None, timeout: float,
+               send: int = signal.SIGKILL) -> Outcome:
+    """Wait for a started child, sending it `send` kill_after seconds after its start
+    (None: never); SIGKILL once `timeout` has passed."""
+    deadline = c.start + timeout
+    sent = False
     while True:
-        if proc is None:
-            done, status = os.waitpid(pid, os.WNOHANG)
+        if c.proc is None:
+            done, status = os.waitpid(c.pid, os.WNOHANG)
             code = (os.waitstatus_to_exitcode(status) if done else None)
         else:
-            code = proc.poll()
+            code = c.proc.poll()
             done = code is not None
         now = time.perf_counter()
         if done:
-            elapsed = now - start
-            if code == -signal.SIGKILL:
+            elapsed = now - c.start
+            if code == -signal.SIGKILL:  # by this process, or at a write by itself
                 return Outcome("killed", code, elapsed, kill_after)
             return Outcome("exited", code, elapsed)
-        if kill_after is not None and not killed and now - start >= kill_after:
-            os.kill(pid, signal.SIGKILL)
-            killed = True
+        if kill_after is not None and not sent and now - c.start >= kill_after:
+            os.kill(c.pid, send)
+            sent = True
         if now > deadline:
-            os.kill(pid, signal.SIGKILL)
-            (os.waitpid(pid, 0) if proc is None else proc.wait())
-            return Outcome("hung", None, now - start)
+            os.kill(c.pid, signal.SIGKILL)
+            (os.waitpid(c.pid, 0) if c.proc is None else c.proc.wait())
+            return Outcome("hung", None, now - c.start)
         time.sleep(0.002)
+
+
+def run_child(spec: dict[str, Any], launcher: str, kill_after: float | None,
+              timeout: float) -> Outcome:
+    """Start the child, SIGKILL it after kill_after seconds (None: never), wait."""
+    return wait_child(start_child(spec, launcher), kill_after, timeout)
 
 
 # -- checks -------------------------------------------------------------------------------
@@ -268,7 +316,7 @@ def check_run(run_dir: str, ref: Reference | None, cfg_hash: str | None, final: 
             c.bad(run_dir, "missing after the final run")
         return c
     ckpt_dir = os.path.join(run_dir, "checkpoints")
-    known = {"config.yaml", "metrics.jsonl", "summary.json", "DONE"}
+    known = {"config.yaml", "metrics.jsonl", "summary.json", "DONE", ".gradcomp-run", ".lock"}
     for path in _files(run_dir):
         rel = os.path.relpath(path, run_dir)
         c.files += 1
@@ -537,9 +585,9 @@ def classify_writes(audit: list, root: str) -> dict[str, str]:
 @dataclass
 class Trial:
     index: int
-    kind: str  # "train" or "figure"
+    kind: str  # "train", "figure", "concurrent" or "signal"
     subject: str  # compressor or figure id
-    mode: str  # "timed" or "at-write"
+    mode: str  # "timed" / "at-write"; concurrent: "race" / "wait"; signal: "SIGTERM" / ...
     kills: list[dict[str, Any]] = field(default_factory=list)
     files_checked: int = 0
     corrupt: list[str] = field(default_factory=list)
@@ -548,6 +596,7 @@ class Trial:
     rerun_ok: bool = False
     metrics_equal: bool | None = None
     error: str | None = None
+    facts: dict[str, Any] = field(default_factory=dict)  # concurrent and signal trials
 
 
 def _train_spec(root: str, overrides: list[str], log: str, **extra: Any) -> dict[str, Any]:
@@ -567,14 +616,18 @@ def _tail(path: str) -> str:
         return ""
 
 
-def reference_train(work: str, compressor: str, args) -> tuple[Reference, list[str], str]:
+def reference_train(work: str, compressor: str, args, ranks: bool = False,
+                    steps: int | None = None) -> tuple[Reference, list[str], str]:
     from repro import checkpoints, launch, runs
 
-    overrides = [f"task={args.task}", f"steps={args.steps}", f"seed={args.seed_run}",
-                 *TASK_OVERRIDES, *COMPRESSOR_OVERRIDES[compressor]]
-    root = os.path.join(work, f"ref-{compressor}")
-    audit = os.path.join(work, f"ref-{compressor}.audit.json")
-    log = os.path.join(work, f"ref-{compressor}.log")
+    steps = steps or (args.ranks_steps if ranks else args.steps)
+    overrides = [f"task={args.task}", f"steps={steps}",
+                 f"seed={args.seed_run}", *TASK_OVERRIDES, *COMPRESSOR_OVERRIDES[compressor],
+                 *(RANKS_OVERRIDES if ranks else [])]
+    name = f"ref-{compressor}-{steps}" + ("-ranks" if ranks else "")
+    root = os.path.join(work, name)
+    audit = os.path.join(work, f"{name}.audit.json")
+    log = os.path.join(work, f"{name}.log")
     spec = _train_spec(root, overrides, log, audit=audit)
     out = run_child(spec, args.launcher, None, timeout=600)
     if out.status != "exited" or out.code != 0:
@@ -582,7 +635,7 @@ def reference_train(work: str, compressor: str, args) -> tuple[Reference, list[s
     planned = launch.plan([*overrides, f"runs_root={root}"], multirun=False)[0]
     run = runs.load_run(planned.run_dir)
     cfg_hash = checkpoints.config_hash(planned.cfg)
-    with open(os.path.join(planned.run_dir, "checkpoints", f"step_{args.steps:08d}",
+    with open(os.path.join(planned.run_dir, "checkpoints", f"step_{steps:08d}",
                            checkpoints.MANIFEST)) as f:
         if json.load(f)["config_hash"] != cfg_hash:
             raise RuntimeError("config_hash of the planned config differs from the trainer's")
@@ -591,7 +644,8 @@ def reference_train(work: str, compressor: str, args) -> tuple[Reference, list[s
     ref = Reference(config=run.config, metrics=[(r["step"], r.get("loss")) for r in run.metrics],
                     summary=run.summary or {}, cfg_hash=cfg_hash, seconds=out.seconds,
                     changes=len(events), writes=classify_writes(events, planned.run_dir),
-                    events=[_label(e, planned.run_dir) for e in events])
+                    events=[_label(e, planned.run_dir) for e in events],
+                    needed=list(RANKS_CHECKPOINT_FILES if ranks else CHECKPOINT_FILES))
     return ref, overrides, os.path.relpath(planned.run_dir, root)
 
 
@@ -677,6 +731,190 @@ def one_trial(trial: Trial, rng: random.Random, work: str, args, ctx: dict[str, 
         shutil.rmtree(tdir, ignore_errors=True)
 
 
+def _launch_lines(log: str) -> list[str]:
+    """What a `repro train` child printed (its log), line by line."""
+    try:
+        with open(log, errors="replace") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
+
+
+def _trained(lines: list[str]) -> bool:
+    return any(line.startswith(("[running]", "[restarting]")) for line in lines)
+
+
+def concurrent_trial(trial: Trial, rng: random.Random, work: str, args,
+                     ctx: dict[str, Any]) -> None:
+    """Two launches of one run; the second after a random delay, with --wait in "wait"."""
+    ref, overrides, rel = ctx["long"][trial.subject]
+    tdir = os.path.join(work, f"trial-{trial.index:04d}")
+    os.makedirs(tdir)
+    root = os.path.join(tdir, "runs")
+    run_dir = os.path.join(root, rel)
+    logs = [os.path.join(tdir, "first.log"), os.path.join(tdir, "second.log")]
+    specs = [{**_train_spec(root, overrides, log), "kind": "cli-train"} for log in logs]
+    if trial.mode == "wait":
+        specs[1]["flags"] = ["--wait"]
+    delay = rng.uniform(0.0, 0.8 * ref.seconds)
+    timeout = 20 * ref.seconds + 120
+    first = start_child(specs[0], args.launcher)
+    time.sleep(delay)
+    second = start_child(specs[1], args.launcher)
+    outcomes = [wait_child(first, None, timeout), wait_child(second, None, timeout)]
+    lines = [_launch_lines(log) for log in logs]
+    trained = [_trained(x) for x in lines]
+    refused = [any(line.startswith("repro train: error:") and "is in use by process" in line
+                   for line in x) for x in lines]
+    waited = [any(line.startswith("waiting: ") for line in x) for x in lines]
+    named = []
+    for mine, other in ((lines[0], second.pid), (lines[1], first.pid)):
+        holder = [line for line in mine if "in use by process" in line]
+        if holder:
+            named.append(f"process {other}@" in holder[0])
+    trial.facts = {"delay_s": round(delay, 3), "codes": [o.code for o in outcomes],
+                   "trained": trained, "refused": refused, "waited": waited,
+                   "holder_named_right": all(named) if named else None}
+    trial.kills.append({"status": "concurrent", "after_s": round(delay, 3)})
+    if sum(trained) != 1:
+        trial.corrupt.append(f"{sum(trained)} of the two launches trained the run")
+    for o, was_refused, x in zip(outcomes, refused, lines):
+        expected = 1 if was_refused else 0
+        if o.status != "exited" or o.code != expected:
+            trial.corrupt.append(f"a launch ended {o.status} ({o.code}), expected exit {expected}: "
+                                 f"{x[-3:]}")
+    if trial.mode == "wait" and any(refused):
+        trial.corrupt.append("a launch with --wait was refused")
+    if named and not all(named):
+        trial.corrupt.append("a refused launch named another holder than the running launch")
+    done = check_run(run_dir, ref, ref.cfg_hash, final=True)
+    trial.files_checked += done.files
+    trial.corrupt += [f"after both launches: {x}" for x in done.corrupt]
+    trial.temps_after_rerun = done.temps
+    trial.rerun_ok = not done.corrupt
+    trial.metrics_equal = not any("metrics.jsonl" in x for x in done.corrupt)
+    if not args.keep:
+        shutil.rmtree(tdir, ignore_errors=True)
+
+
+def signal_trial(trial: Trial, rng: random.Random, work: str, args, ctx: dict[str, Any]) -> None:
+    """SIGTERM / SIGINT to the launcher alone at a random moment, then the same command."""
+    ranks = trial.kind == "signal-ranks"
+    ref, overrides, rel = ctx["ranks" if ranks else "long"][trial.subject]
+    tdir = os.path.join(work, f"trial-{trial.index:04d}")
+    os.makedirs(tdir)
+    root = os.path.join(tdir, "runs")
+    run_dir = os.path.join(root, rel)
+    log = os.path.join(tdir, "child.log")
+    spec = {**_train_spec(root, overrides, log), "kind": "cli-train"}
+    signum = getattr(signal, trial.mode)
+    delay = rng.uniform(0.0, 1.1 * ref.seconds)
+    timeout = 20 * ref.seconds + 120
+    launcher = start_child(spec, args.launcher)
+    outcome = wait_child(launcher, delay, timeout, send=signum)
+    lines = _launch_lines(log)
+    last = lines[-1] if lines else ""
+    match = _INTERRUPTED.match(last)
+    left = _ranks_left(tdir)
+    if left:  # a rank may take a moment to end after its launcher
+        time.sleep(2.0)
+        left = _ranks_left(tdir)
+    facts: dict[str, Any] = {"after_s": round(delay, 3), "code": outcome.code, "last_line": last,
+                             "ranks_left_running": left}
+    trial.kills.append({"status": outcome.status, "code": outcome.code,
+                        "after_s": round(delay, 3), "seconds": round(outcome.seconds, 3)})
+    after = check_run(run_dir, ref, ref.cfg_hash, final=False, needed=ref.needed)
+    trial.files_checked += after.files
+    trial.corrupt += [f"after the signal: {x}" for x in after.corrupt]
+    trial.temps_after_kill += len(after.temps)
+    finished = os.path.exists(os.path.join(run_dir, "DONE"))
+    checkpoint = None
+    if left:
+        trial.corrupt.append(f"{len(left)} rank(s) still running after the launcher ended")
+    if outcome.status != "exited":
+        trial.corrupt.append(f"the launcher ended {outcome.status} after the signal")
+    elif last.startswith("repro train: interrupted at once") or (
+            outcome.code == -signum and not lines):
+        # the signal came before a run could take it (while the command was planning)
+        facts["outcome"] = "stopped before the run started"
+        if outcome.code not in (128 + signum, -signum):
+            trial.corrupt.append(f"stopped at once but exited {outcome.code}")
+        if finished:
+            trial.corrupt.append("DONE after an interruption")
+    elif outcome.code == 128 + signum and not _INTERRUPTED_EARLY.match(last) \
+            and "after the run finished" not in last:
+        facts["outcome"] = "interrupted"
+        if not match:
+            trial.corrupt.append(f"exit {outcome.code} but the last line is {last!r}")
+        else:
+            step, checkpoint = int(match.group(1)), int(match.group(2))
+            facts["stopped_at"], facts["checkpoint"] = step, checkpoint
+            from repro import checkpoints, runs
+
+            ckpt = os.path.join(run_dir, "checkpoints", f"step_{checkpoint:08d}")
+            try:
+                checkpoints.check(ckpt, ref.cfg_hash, ref.needed)
+            except checkpoints.BadCheckpoint as exc:
+                trial.corrupt.append(f"the checkpoint the line names is not valid: {exc}")
+            records, _ = runs.parse_metrics(os.path.join(run_dir, "metrics.jsonl"))
+            if [r["step"] for r in records] != list(range(step)) or checkpoint != step:
+                trial.corrupt.append(f"stopped at step {step}, checkpoint {checkpoint}, metrics "
+                                     f"hold {len(records)} steps")
+            if finished:
+                trial.corrupt.append("DONE after an interruption")
+    elif outcome.code == 128 + signum and last.startswith("repro train: interrupted after the "
+                                                         "run finished"):
+        facts["outcome"] = "finished as the signal came"
+        if not finished:
+            trial.corrupt.append(f"{last!r} but no DONE")
+    elif outcome.code == 128 + signum and _INTERRUPTED_EARLY.match(last):
+        # a rank the signal reached while it was starting (before it could take it)
+        facts["outcome"] = "interrupted before the first checkpoint"
+        if finished:
+            trial.corrupt.append("DONE after an interruption")
+    elif outcome.code == 0 and finished:
+        facts["outcome"] = "finished before the signal"
+    else:
+        trial.corrupt.append(f"the launcher exited {outcome.code}; last line {last!r}")
+    final = run_child(spec, args.launcher, None, timeout=timeout)
+    trial.rerun_ok = final.status == "exited" and final.code == 0
+    if not trial.rerun_ok:
+        trial.error = f"the final run ended {final.status} ({final.code}): {_tail(log)}"
+    done = check_run(run_dir, ref, ref.cfg_hash, final=trial.rerun_ok, needed=ref.needed)
+    trial.files_checked += done.files
+    trial.corrupt += [f"after the final run: {x}" for x in done.corrupt]
+    trial.temps_after_rerun = done.temps
+    trial.metrics_equal = trial.rerun_ok and not any("metrics.jsonl" in x for x in done.corrupt)
+    if trial.rerun_ok and checkpoint is not None:
+        from repro.logging import read_summary
+
+        resumed = (read_summary(run_dir) or {}).get("resumed_from_step")
+        facts["resumed_from_step"] = resumed
+        if resumed != checkpoint:
+            trial.corrupt.append(f"the same command resumed from {resumed}, not {checkpoint}")
+    trial.facts = facts
+    if not args.keep:
+        shutil.rmtree(tdir, ignore_errors=True)
+
+
+def _ranks_left(tdir: str) -> list[str]:
+    """Processes of a trial under tdir still running (they carry its TAG in their
+    environment: the launcher and every rank it started)."""
+    tag = f"{TAG}={tdir}".encode()
+    left = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                if any(v.startswith(tag) for v in f.read().split(b"\0")):
+                    with open(f"/proc/{entry}/cmdline", "rb") as g:
+                        left.append(g.read().replace(b"\0", b" ").decode(errors="replace")[:120])
+        except OSError:
+            continue
+    return left
+
+
 def preload(launcher: str) -> None:
     """Import what every child needs once, before forking (no torch work runs here)."""
     if launcher != "fork":
@@ -700,6 +938,18 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--trials", type=int, default=160, help="training-run trials (default 160)")
     p.add_argument("--figure-trials", type=int, default=16, help="smoke-figure trials (default 16)")
+    p.add_argument("--concurrent-trials", type=int, default=24,
+                   help="two launches of one run: half without --wait, half with (default 24)")
+    p.add_argument("--signal-trials", type=int, default=32,
+                   help="SIGTERM / SIGINT (alternately) to the launcher of simulated workers "
+                   "(default 32)")
+    p.add_argument("--ranks-signal-trials", type=int, default=6,
+                   help="SIGTERM / SIGINT to the launcher of 2 spawned gloo ranks (default 6)")
+    p.add_argument("--ranks-steps", type=int, default=40,
+                   help="steps of the spawned-ranks runs (their start-up takes seconds)")
+    p.add_argument("--long-steps", type=int, default=30,
+                   help="steps of the concurrent and signal trials' runs, long enough for "
+                   "most signals and second launches to land while the run trains")
     p.add_argument("--figure", default="dragonn-fig7", help="figure of the figure trials")
     p.add_argument("--task", default="movielens_ncf", help="smoke task of the training trials")
     p.add_argument("--compressors", default="topk,dgc,powersgd",
@@ -728,31 +978,58 @@ def main(argv: list[str] | None = None) -> int:
     rng = random.Random(args.seed)
     ctx: dict[str, Any] = {"train": {}}
     writes: dict[str, str] = {}
+    ctx["long"] = {}
+    for c in compressors if args.concurrent_trials or args.signal_trials else []:
+        ctx["long"][c] = reference_train(work, c, args, steps=args.long_steps)
+        print(f"reference {c}, {args.long_steps} steps: {ctx['long'][c][0].seconds:.1f} s",
+              flush=True)
     for c in compressors if args.trials else []:
         ref, overrides, rel = reference_train(work, c, args)
         ctx["train"][c] = (ref, overrides, rel)
         writes.update({f"run: {k}": v for k, v in ref.writes.items()})
         print(f"reference {c}: {ref.seconds:.1f} s, {ref.changes} changes to the run folder, "
               f"{len(ref.metrics)} steps", flush=True)
+    ctx["ranks"] = {}
+    if args.ranks_signal_trials:
+        c = compressors[0]
+        ref, overrides, rel = reference_train(work, c, args, ranks=True)
+        ctx["ranks"][c] = (ref, overrides, rel)
+        print(f"reference {c} on 2 spawned ranks: {ref.seconds:.1f} s, {len(ref.metrics)} steps",
+              flush=True)
     if args.figure_trials:
         ctx["figure"] = reference_figure(work, args.figure, args)
         writes.update({f"figure: {k}": v for k, v in ctx["figure"][3].items()})
         print(f"reference figure {args.figure}: {ctx['figure'][1]:.1f} s, "
               f"{ctx['figure'][2]} changes", flush=True)
-    plan = [("train", compressors[i % len(compressors)]) for i in range(args.trials)]
-    plan += [("figure", args.figure)] * args.figure_trials
+    plan = [("train", compressors[i % len(compressors)], "timed" if i % 2 == 0 else "at-write")
+            for i in range(args.trials)]
+    plan += [("figure", args.figure, "timed" if i % 2 == 0 else "at-write")
+             for i in range(args.figure_trials)]
+    plan += [("concurrent", compressors[i % len(compressors)], "race" if i % 2 == 0 else "wait")
+             for i in range(args.concurrent_trials)]
+    plan += [("signal", compressors[i % len(compressors)], "SIGTERM" if i % 2 == 0 else "SIGINT")
+             for i in range(args.signal_trials)]
+    plan += [("signal-ranks", compressors[0], "SIGTERM" if i % 2 == 0 else "SIGINT")
+             for i in range(args.ranks_signal_trials)]
     trials = []
-    for i, (kind, subject) in enumerate(plan):
-        t = Trial(i, kind, subject, "timed" if i % 2 == 0 else "at-write")
+    for i, (kind, subject, mode) in enumerate(plan):
+        t = Trial(i, kind, subject, mode)
         try:
-            one_trial(t, rng, work, args, ctx)
+            if kind == "concurrent":
+                concurrent_trial(t, rng, work, args, ctx)
+            elif kind.startswith("signal"):
+                signal_trial(t, rng, work, args, ctx)
+            else:
+                one_trial(t, rng, work, args, ctx)
         except Exception:  # noqa: BLE001 - a failed trial is reported, the rest go on
             t.error = traceback.format_exc()[-1500:]
         trials.append(t)
         flag = "ok" if not (t.corrupt or t.error) else "PROBLEM"
+        facts = f" {t.facts}" if t.facts else ""
         print(f"trial {i:4d} {kind:6s} {subject:10s} {t.mode:8s} kills="
               f"{[k['status'] for k in t.kills]} files={t.files_checked} corrupt="
-              f"{len(t.corrupt)} rerun={'ok' if t.rerun_ok else 'FAILED'} {flag}", flush=True)
+              f"{len(t.corrupt)} rerun={'ok' if t.rerun_ok else 'FAILED'} {flag}{facts}",
+              flush=True)
         for x in t.corrupt[:5]:
             print(f"    {x}", flush=True)
         if t.error:
@@ -766,7 +1043,9 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report["totals"], indent=1))
     if not args.keep and not args.work:
         shutil.rmtree(work, ignore_errors=True)
-    return 0 if report["totals"]["corrupt_files"] == 0 and report["totals"]["failed_reruns"] == 0 else 1
+    totals = report["totals"]
+    return 0 if (totals["corrupt_files"] == 0 and totals["failed_reruns"] == 0
+                 and totals["problems_in_concurrent_and_signal_trials"] == 0) else 1
 
 
 def summarise(trials: list[Trial], args, writes: dict[str, str], seconds: float,
@@ -787,28 +1066,76 @@ def summarise(trials: list[Trial], args, writes: dict[str, str], seconds: float,
                                                   if t.kind == "train"),
         }
 
-    groups = {}
+    def concurrent(ts: list[Trial]) -> dict[str, Any]:
+        return {"trials": len(ts),
+                "both_trained": sum(sum(t.facts.get("trained", [])) > 1 for t in ts),
+                "one_trained": sum(sum(t.facts.get("trained", [])) == 1 for t in ts),
+                "second_refused_naming_the_first": sum(
+                    bool(t.facts.get("holder_named_right")) for t in ts),
+                "second_waited": sum(any(t.facts.get("waited", [])) for t in ts),
+                "corrupt_files": sum(len(t.corrupt) for t in ts),
+                "files_checked": sum(t.files_checked for t in ts),
+                "final_state_equal_to_uninterrupted": sum(bool(t.metrics_equal) and not t.corrupt
+                                                          for t in ts)}
+
+    def signalled(ts: list[Trial]) -> dict[str, Any]:
+        outcomes = collections.Counter(t.facts.get("outcome", "unexpected") for t in ts)
+        return {"trials": len(ts), "outcomes": dict(sorted(outcomes.items())),
+                "interrupt_line_and_checkpoint_right": sum(
+                    "checkpoint" in t.facts and not t.corrupt for t in ts),
+                "resumed_from_the_named_checkpoint": sum(
+                    t.facts.get("resumed_from_step") is not None
+                    and t.facts.get("resumed_from_step") == t.facts.get("checkpoint") for t in ts),
+                "ranks_left_running": sum(len(t.facts.get("ranks_left_running", [])) for t in ts),
+                "done_without_a_finished_run": sum(any("DONE" in x for x in t.corrupt) for t in ts),
+                "corrupt_files": sum(len(t.corrupt) for t in ts),
+                "files_checked": sum(t.files_checked for t in ts),
+                "failed_reruns": sum(not t.rerun_ok for t in ts),
+                "metrics_equal_to_uninterrupted": sum(bool(t.metrics_equal) for t in ts)}
+
+    groups: dict[str, Any] = {}
     for kind in ("train", "figure"):
         for mode in ("timed", "at-write"):
             ts = [t for t in trials if t.kind == kind and t.mode == mode]
             if ts:
                 groups[f"{kind}/{mode}"] = block(ts)
+    for mode in ("race", "wait"):
+        ts = [t for t in trials if t.kind == "concurrent" and t.mode == mode]
+        if ts:
+            groups[f"concurrent/{mode}"] = concurrent(ts)
+    for kind in ("signal", "signal-ranks"):
+        for mode in ("SIGTERM", "SIGINT"):
+            ts = [t for t in trials if t.kind == kind and t.mode == mode]
+            if ts:
+                groups[f"{kind}/{mode}"] = signalled(ts)
+    kills = [t for t in trials if t.kind in ("train", "figure")]
     return {
         "command": "python benchmarks/reliability/kill_trials.py " + " ".join(sys.argv[1:]),
-        "settings": {"task": args.task, "steps": args.steps, "compressors": args.compressors,
+        "settings": {"task": args.task, "steps": args.steps, "long_steps": args.long_steps,
+                     "ranks_steps": args.ranks_steps,
+                     "compressors": args.compressors,
                      "figure": args.figure if args.figure_trials else None,
                      "launcher": args.launcher, "seed": args.seed,
                      "overrides": TASK_OVERRIDES},
         "reference_seconds": {c: round(v[0].seconds, 2) for c, v in ctx["train"].items()},
+        "reference_seconds_long": {c: round(v[0].seconds, 2)
+                                   for c, v in ctx.get("long", {}).items()},
+        "reference_seconds_spawned_ranks": {c: round(v[0].seconds, 2)
+                                            for c, v in ctx.get("ranks", {}).items()},
         "reference_changes": {c: v[0].changes for c, v in ctx["train"].items()},
         "wall_s": round(seconds, 1),
-        "totals": block(trials),
+        "totals": {**block(kills),
+                   "concurrent_trials": sum(t.kind == "concurrent" for t in trials),
+                   "signal_trials": sum(t.kind.startswith("signal") for t in trials),
+                   "problems_in_concurrent_and_signal_trials": sum(
+                       bool(t.corrupt or t.error) for t in trials
+                       if t.kind not in ("train", "figure"))},
         "by_kind_and_mode": groups,
         "how_files_are_written": writes,
         "at_write_kills_before": dict(sorted(collections.Counter(
             k["before"] for t in trials for k in t.kills if k.get("before")).items())),
         "problems": [{"trial": t.index, "kind": t.kind, "subject": t.subject, "mode": t.mode,
-                      "corrupt": t.corrupt, "error": t.error}
+                      "corrupt": t.corrupt, "error": t.error, "facts": t.facts}
                      for t in trials if t.corrupt or t.error],
         "temp_files_after_the_final_run": sorted({x for t in trials for x in t.temps_after_rerun}),
     }

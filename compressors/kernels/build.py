@@ -105,9 +105,10 @@ def check_owned(path: Path) -> None:
     if hasattr(os, "getuid") and st.st_uid != os.getuid():
         raise RuntimeError(f"{path} belongs to user id {st.st_uid}, not this user "
                            f"({os.getuid()}); set GRADCOMP_NATIVE_CACHE to a folder of your own")
-    if st.st_mode & stat.S_IWOTH:
-        raise RuntimeError(f"{path} may be written by any user (mode {stat.filemode(st.st_mode)});"
-                           " remove that permission (chmod o-w) or set GRADCOMP_NATIVE_CACHE to "
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        who = "any user" if st.st_mode & stat.S_IWOTH else "its group"
+        raise RuntimeError(f"{path} may be written by {who} (mode {stat.filemode(st.st_mode)});"
+                           " remove that permission (chmod go-w) or set GRADCOMP_NATIVE_CACHE to "
                            "a folder of your own")
 
 

@@ -103,7 +103,8 @@ def run(args) -> int:
     )
     text = json.dumps(report, indent=2)
     if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        from repro.durable import write_text
+
+        write_text(args.out, text + "\n")
     print(text if args.json else bench.format_report(report))
     return 0

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from repro.durable import write_bytes, write_file, write_text
 from repro.runs import fmt
 
 SIZES = ("smoke", "full", "long")
@@ -475,15 +476,16 @@ class Context:
         """Write data rows (dicts with the same keys) to out_dir/<name>.csv atomically."""
         rows = list(rows)
         path = self.out_dir / f"{name}.csv"
-        tmp = path.with_suffix(".csv.tmp")
         keys: list[str] = []
         for r in rows:
             keys += [k for k in r if k not in keys]
-        with open(tmp, "w", newline="") as f:
+
+        def write(f) -> None:
             w = csv.DictWriter(f, fieldnames=keys)
             w.writeheader()
             w.writerows(rows)
-        os.replace(tmp, path)
+
+        write_file(path, write)
         return path
 
     def save_plot(self, fig, name: str = "figure") -> Path:
@@ -492,10 +494,11 @@ class Context:
         import matplotlib.pyplot as plt
 
         path = self.out_dir / f"{name}.png"
-        tmp = self.out_dir / f".{name}.tmp.png"
-        fig.savefig(tmp, dpi=110, bbox_inches="tight", metadata={"Software": None})
-        plt.close(fig)
-        os.replace(tmp, path)
+        try:
+            write_file(path, lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight",
+                                                   metadata={"Software": None}), binary=True)
+        finally:
+            plt.close(fig)
         return path
 
 
@@ -642,12 +645,6 @@ def verdict_changes(rows: Sequence[Row], published: Mapping[str, Any] | None
             if row_key(r) in pub and pub[row_key(r)] != r.verdict]
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _content(status: Mapping[str, Any]) -> dict[str, Any]:
     """A status.json without its "run" section (when, how long, which machine, load)."""
     return {k: v for k, v in status.items() if k != "run"}
@@ -705,9 +702,7 @@ def _product_files(folder: Path) -> list[Path]:
 def _write_if_changed(path: Path, data: bytes) -> bool:
     if path.exists() and path.read_bytes() == data:
         return False
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    write_bytes(path, data)
     return True
 
 
@@ -742,7 +737,7 @@ def publish(figure_id: str, from_dir: Path, results_root: Path | None = None) ->
             changed.append(dest / name)
     old_status = read_status(figure_id, folder=dest)
     if changed or old_status is None or _content(old_status) != _content(status):
-        _atomic_write(dest / "status.json", json.dumps(status, indent=1) + "\n")
+        write_text(dest / "status.json", json.dumps(status, indent=1) + "\n")
         changed.append(dest / "status.json")
     return changed
 
@@ -784,14 +779,14 @@ def run_figure(figure_id: str, size: str = "full", out_root: Path | str | None =
     elapsed = time.time() - started
     if not rows:
         raise RuntimeError(f"figure {fig.id} produced no comparison rows")
-    _atomic_write(out_dir / "comparison.csv", comparison_csv_text(rows, published))
-    _atomic_write(out_dir / "comparison.md", comparison_markdown(fig, rows, published))
+    write_text(out_dir / "comparison.csv", comparison_csv_text(rows, published))
+    write_text(out_dir / "comparison.md", comparison_markdown(fig, rows, published))
     run = {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "elapsed_s": round(elapsed, 1),
            "machine": machine(), "load_before": load_before, "load_after": load_average(),
            "calibration": calibration, "busy": busy, "runs_started": ctx.runs_started,
            "runs_skipped": ctx.runs_skipped}
     status = status_of(fig, size, rows, run)
-    _atomic_write(out_dir / "status.json", json.dumps(status, indent=1) + "\n")
+    write_text(out_dir / "status.json", json.dumps(status, indent=1) + "\n")
     say(f"{fig.id}: {status['summary']} ({elapsed:.0f} s) -> {out_dir}")
     if published is not None:
         changes = verdict_changes(rows, published)

@@ -120,7 +120,9 @@ def model_gradients(task_name: str, workers: int, batch_size: int | None = None,
 def saved_source(grads: Sequence[torch.Tensor] | torch.Tensor, folder: str) -> str:
     """Save gradients for `repro.measure`'s file: source; returns 'file:PATH'."""
     path = os.path.join(folder, "grads.pt")
-    torch.save(list(grads) if not isinstance(grads, torch.Tensor) else grads, path)
+    from repro.checkpoints import save
+
+    save(list(grads) if not isinstance(grads, torch.Tensor) else grads, path)
     return f"file:{path}"
 
 

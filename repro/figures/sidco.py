@@ -208,7 +208,9 @@ def vgg16_gradients(ctx: Context, workers: int, folder: str) -> str:
         model.zero_grad(set_to_none=True)
         task.loss(model, batch).backward()
         grads.append(torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None]))
-    torch.save(grads, path)
+    from repro.checkpoints import save
+
+    save(grads, path)
     ctx.say(f"computed {workers} VGG-16 gradients of {grads[0].numel():,} elements")
     return path
 
