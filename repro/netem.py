@@ -217,9 +217,10 @@ class EmulatedNetwork:
         names = [f"{self.tag}-{r}" for r in range(self.workers)]
         os.makedirs(MARKER_DIR, mode=0o700, exist_ok=True)
         self.marker = os.path.join(MARKER_DIR, f"{self.tag}.json")
-        with open(self.marker, "w", encoding="utf-8") as f:
-            json.dump({"pid": os.getpid(), "start_time": _start_time(os.getpid()),
-                       "namespaces": [*names, self.switch]}, f)
+        from repro.durable import write_text
+
+        write_text(self.marker, json.dumps({"pid": os.getpid(), "start_time": _start_time(os.getpid()),
+                                            "namespaces": [*names, self.switch]}))
         try:
             self._build(names)
         except BaseException:
