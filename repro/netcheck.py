@@ -262,6 +262,33 @@ def table(cells: list[Cell]) -> list[str]:
     return ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
 
 
+def markdown(cells: list[Cell], command: str) -> str:
+    """The report as a Markdown page: per (ranks, rate), each collective's measured /
+    projected ratio at every size (with the bound: L link, H host), then the cells."""
+    sizes = sorted({c.numel for c in cells})
+    ops = list(dict.fromkeys(c.op for c in cells))
+    by = {(c.workers, c.bandwidth_gbps, c.op, c.numel): c for c in cells}
+    lines = ["# Collectives on an emulated link against the cost model", "",
+             "Written by:", "", f"    {command}", "",
+             "Each cell: measured / projected time, median over rounds [10th–90th percentile], "
+             "and the term that bounds the projection (L: the link, H: this host's kernel and "
+             "cores; repro/netcheck.py). " + summary_line(cells) + ".", ""]
+    for op in ops:
+        lines += [f"## {op}", "",
+                  "| ranks | Gbit/s | " + " | ".join(_mb(4 * n) for n in sizes) + " |",
+                  "|--:|--:|" + "--:|" * len(sizes)]
+        for k, b in dict.fromkeys((c.workers, c.bandwidth_gbps) for c in cells):
+            row = []
+            for n in sizes:
+                c = by.get((k, b, op, n))
+                row.append("" if c is None else
+                           f"{c.ratio:.2f} [{c.ratio_p10:.2f}–{c.ratio_p90:.2f}] "
+                           f"{c.bound[0].upper()}")
+            lines.append(f"| {k} | {b:g} | " + " | ".join(row) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def summary_line(cells: list[Cell]) -> str:
     judged = [c for c in cells if c.judged]
     agree = sum(bool(c.agrees) for c in judged)
@@ -299,7 +326,7 @@ def report(cells: list[Cell], command: str) -> dict[str, Any]:
 
 
 def write_json(path: str, data: dict[str, Any]) -> None:
-    from repro.checkpoints import write_text
+    from repro.durable import write_text
 
     write_text(path, json.dumps(data, indent=1) + "\n")
 

@@ -178,8 +178,10 @@ def test_netcheck_times_collectives_beside_the_model(tmp_path, capsys):
     from repro.cli import main
 
     out = tmp_path / "out.json"
+    page = tmp_path / "netcheck.md"
     assert main(["netcheck", "--workers", "2", "--bandwidth-gbps", "1", "--sizes", "4M",
-                 "--ops", "allreduce,broadcast", "--repeats", "2", "--json", str(out)]) == 0
+                 "--ops", "allreduce,broadcast", "--repeats", "2", "--json", str(out),
+                 "--markdown", str(page)]) == 0
     text = capsys.readouterr().out
     assert "allreduce" in text and "broadcast" in text and "agree with the cost model" in text
     report = json.loads(out.read_text())
@@ -189,7 +191,11 @@ def test_netcheck_times_collectives_beside_the_model(tmp_path, capsys):
         assert len(cell["samples_s"]) == 2 and cell["projected_s"] > 0
         # 16 MB over a 1 Gbit/s link: ~0.14 s by the model; the measurement is close to it
         assert 0.8 < cell["measured_s"] / cell["projected_s"] < 1.5, (op, cell)
-    assert report["command"].startswith("repro netcheck")
+    assert report["command"].startswith("repro netcheck") and "--json" in report["command"]
+    md = page.read_text()
+    assert "## allreduce" in md and "## broadcast" in md and "| 2 | 1 |" in md
+    ratio = f"{cells['allreduce']['ratio']:.2f} [" in md
+    assert ratio and cells["allreduce"]["bound"] in ("link", "host")
 
 
 # -- runs on the emulated network -------------------------------------------------------------

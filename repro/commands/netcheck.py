@@ -41,6 +41,8 @@ def add_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per cell (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds per cell (default: %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write every cell (measured and projected) to FILE")
+    p.add_argument("--markdown", metavar="FILE",
+                   help="write the ratios as Markdown tables, one per collective, to FILE")
     p.set_defaults(func=run)
 
 
@@ -56,12 +58,18 @@ def run(args) -> int:
     for line in netcheck.table(cells):
         print(line)
     print(netcheck.summary_line(cells))
+    command = " ".join(["repro netcheck", "--workers", args.workers, "--bandwidth-gbps",
+                        args.bandwidth_gbps, "--latency-ms", f"{args.latency_ms:g}",
+                        "--sizes", args.sizes, "--ops", args.ops, "--repeats",
+                        str(args.repeats), "--warmup", str(args.warmup)]
+                       + [f"--{k} {shlex.quote(v)}" for k, v in
+                          (("json", args.json), ("markdown", args.markdown)) if v])
     if args.json:
-        command = " ".join(["repro netcheck", "--workers", args.workers, "--bandwidth-gbps",
-                            args.bandwidth_gbps, "--latency-ms", f"{args.latency_ms:g}",
-                            "--sizes", args.sizes, "--ops", args.ops, "--repeats",
-                            str(args.repeats), "--warmup", str(args.warmup), "--json",
-                            shlex.quote(args.json)])
         netcheck.write_json(args.json, netcheck.report(cells, command))
         print(f"wrote {args.json}")
+    if args.markdown:
+        from repro.durable import write_text
+
+        write_text(args.markdown, netcheck.markdown(cells, command) + "\n")
+        print(f"wrote {args.markdown}")
     return 0
