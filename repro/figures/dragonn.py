@@ -213,7 +213,9 @@ def fig5b(ctx: Context) -> list[Row]:
     ctx.save_plot(fig)
 
     rows = []
-    cpu_decode = ("hardware: decoding is timed on this CPU, where one index_add of K·k pairs "
+    cpu_decode = (f"scale: smoke size, a {4 * numel / 2**20:g} MB tensor (the paper's 64 MB), "
+                  "where fixed per-call costs weigh on both decoders" if ctx.smoke else
+                  "hardware: decoding is timed on this CPU, where one index_add of K·k pairs "
                   "costs in proportion to them and a densify per worker is a memory pass; the "
                   "paper's decoders are V100 kernels")
     for d in dec:

@@ -122,8 +122,9 @@ def thc_fig2b(ctx: Context) -> list[Row]:
     why = ("the paper does not say which vector Fig. 2b compresses; these inputs are "
            "synthetic or a small CNN's gradient on stand-in data")
     for inp in inputs:
-        stand_in = (f"the paper does not say which vector it compresses; {inp} stands in "
-                    "for it")
+        numel = next(r["numel"] for r in rows if r["input"] == inp)
+        stand_in = (f"the paper does not say which vector it compresses; {inp}, d = {numel:,} "
+                    "stands in for it")
         topk = value.get((inp, "Top-k 10%"))
         tern = value.get((inp, "TernGrad"))
         thc = value.get((inp, "THC (b=4, g=30, p=1/32)"))
@@ -374,7 +375,7 @@ def thc_fig4(ctx: Context) -> list[Row]:
         # Why a projected time would not favour this compressor: its compression on this
         # CPU against the dense communication it saves at 100 Gbps (its steps are the
         # same), or, when it needs more steps, training 30 steps on stand-in data.
-        cpu_cost = (f"hardware: {FIG4_LABELS[lab]}'s compression runs on this CPU, "
+        cpu_cost = (f"hardware: the compression of {FIG4_LABELS[lab]} runs on this CPU, "
                     f"{1e3 * r['compression_s']:.1f} ms a step, against the "
                     f"{1e3 * base['projected_comm_s']:.2f} ms of dense communication it saves "
                     "at 100 Gbps (projected); on the paper's A100s compression is a small part "
@@ -463,8 +464,8 @@ def _fig4_link_rows(ctx: Context, batch: int, steps: int) -> list[Row]:
                                       for lab in ("none", "thc"))
                           + "; the paper's gain is THC's software PS on 4 A100 workers at "
                             "100 Gbps, where communication is a larger share of a step"),
-                  cause="hardware: THC's compression runs on this CPU (its measured split is "
-                        "above) and 2 ranks share a 2.5 Gbps emulated link, against the "
+                  cause="hardware: THC's compression runs on this CPU (the measured split "
+                        "follows) and 2 ranks share a 2.5 Gbps emulated link, against the "
                         "paper's A100s with a software PS at 100 Gbps")]
     return rows + projection_rows(setting, runs, FIG4_LABELS)
 
