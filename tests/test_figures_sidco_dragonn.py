@@ -57,11 +57,13 @@ def test_projection_counts_one_workers_compute(tmp_path):
 
 def test_claim_rows_compute_their_verdicts():
     assert claim_row("s", "m", 1.0, 2.0, True, "c", "x").verdict == "holds"
-    assert claim_row("s", "m", 1.0, 0.5, False, "c", "x").verdict == "does not hold"
+    assert claim_row("s", "m", 1.0, 0.5, False, "c", "x",
+                     cause="scale: a small model").verdict == "does not hold"
     missing = claim_row("s", "m", 1.0, None, True, "c", "x")
     assert missing.verdict == "not comparable" and missing.reproduced is None
     assert claim_row("s", "m", 1.0, None, True, "c", "x", missing_ok=True).verdict == "holds"
-    assert "does NOT hold" in claim_row("s", "m", 1.0, 0.5, False, "c", "x").reason
+    assert "does NOT hold" in claim_row("s", "m", 1.0, 0.5, False, "c", "x",
+                                        cause="scale: a small model").reason
 
 
 def test_projected_steps_and_the_interval_of_a_ratio_of_two_runs(tmp_path):

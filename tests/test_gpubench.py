@@ -87,6 +87,8 @@ def test_fig1b_projects_onto_gpus_from_the_bench_and_labels_the_gpu(tmp_path):
             for n in (1024, 2**18, 2**22)]
     (row,) = dragonn._fig1b_gpu_rows(ctx, ["topk", "dgc"], data, {"dgc": 0.01, "topk": 0.01},
                                      net, "sizes")
-    assert row.rule == "checked" and "NVIDIA H100" in row.reason
+    # GPU compression, but the cost model's communication, against the paper's crossover
+    # measured on its V100s (§2.4): projected vs measured, the value shown beside it.
+    assert row.rule == "projected vs measured" and "NVIDIA H100" in row.reason
     assert "interpolated" in row.reason  # 2^18 lies between the measured sizes
     assert row.reproduced == 2**20  # DGC first beats full sync at 2^18 elements

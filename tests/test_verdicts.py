@@ -5,12 +5,15 @@ Spread helpers of repro/figures/common.py). Fast: no figure runs here."""
 from __future__ import annotations
 
 import ast
+import csv
+import io
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from repro import bench, figures
+from repro.cli import main
 from repro.figures import base
 from repro.figures.common import (
     Spread,
@@ -99,7 +102,7 @@ def test_a_timed_claim_holds_only_when_its_interval_is_clear_of_the_threshold():
                        interval=(1.2, 1.6), threshold=1.0, unit="×")
     assert (clear.verdict, clear.rule, clear.interval) == ("holds", "checked", (1.2, 1.6))
     below = base.judge("s", "speed-up", 1.0, 0.8, claim="A is faster than B",
-                       interval=(0.7, 0.95), threshold=1.0)
+                       interval=(0.7, 0.95), threshold=1.0, cause="hardware: a CPU, not a GPU")
     assert below.verdict == "does not hold"
     noisy = base.judge("s", "speed-up", 1.0, 1.17, claim="A is faster than B",
                        interval=(0.9, 9.6), threshold=1.0, unit="×")
@@ -116,8 +119,8 @@ def test_a_claim_decided_on_several_intervals_is_inconclusive_when_one_is_undeci
                     timed=True)
     assert (row.verdict, row.rule) == ("inconclusive", "within noise")
     row = claim_row("sizes", "crossover", None, 2.0**21, base.all_of([True, False]), "c", "",
-                    timed=True)
-    assert row.verdict == "does not hold"
+                    timed=True, cause="hardware: a CPU, not a GPU")
+    assert (row.verdict, row.cause) == ("does not hold", "hardware")
 
 
 def test_no_value_and_named_rules_in_judge():
@@ -132,6 +135,155 @@ def test_no_value_and_named_rules_in_judge():
     assert (short.verdict, short.rule) == ("not comparable", "too few steps")
     assert short.reason.startswith("[rule: too few steps]")
     assert base.rule("too few steps").when in short.reason
+
+
+# -- causes: why a row does not hold -------------------------------------------------------------
+
+
+def test_the_causes_are_few_named_and_described():
+    assert base.CAUSE_NAMES == ("hardware", "scale", "suite", "refuted")
+    assert all(c.when for c in base.CAUSES)
+    assert base.cause_name("hardware: DGC's selection is fused here") == "hardware"
+    for bad in ("hardware", "hardware:  ", "weather: it rained", "scale DGC"):
+        with pytest.raises(ValueError, match="one of hardware, scale, suite, refuted"):
+            base.cause_name(bad)
+
+
+def test_a_row_that_does_not_hold_is_refused_without_a_cause():
+    with pytest.raises(ValueError, match="'VGG-16, CPU' / 'DGC speed-up' does not hold and "
+                                         "names no cause"):
+        base.judge("VGG-16, CPU", "DGC speed-up", 1.0, 39.0, claim="DGC is slower than Top-k",
+                   interval=(31.0, 51.0), threshold=1.0, op="<")
+    with pytest.raises(ValueError, match="names no cause"):
+        claim_row("s", "m", None, 0.5, False, "c", "")
+    with pytest.raises(ValueError, match="names no cause"):
+        base.Row("s", "m", 1.0, 2.0, "does not hold", "r")
+    with pytest.raises(ValueError, match="only a row that does not hold carries a cause"):
+        base.Row("s", "m", 1.0, 2.0, "holds", "r", cause="scale")
+    # A misspelt cause fails on every run, also where the claim holds.
+    with pytest.raises(ValueError, match="must read"):
+        base.judge("s", "m", None, 2.0, claim="c", holds=True, cause="hardwear: a CPU")
+
+
+def test_the_cause_is_named_in_the_row_and_its_specifics_in_the_reason():
+    why = "hardware: DGC's sampling and selection are one fused pass here"
+    bad = base.judge("VGG-16, CPU", "DGC speed-up", 1.0, 39.0, claim="DGC is slower than Top-k",
+                     interval=(31.0, 51.0), threshold=1.0, op="<", cause=why)
+    assert (bad.verdict, bad.rule, bad.cause) == ("does not hold", "checked", "hardware")
+    assert why in bad.reason
+    # Any other verdict carries no cause, and its reason does not give one.
+    for row in (base.judge("s", "m", None, 0.5, claim="c", holds=True, cause=why),
+                base.judge("s", "m", None, 1.1, claim="c", interval=(0.9, 1.3), threshold=1.0,
+                           cause=why),
+                base.judge("s", "m", 1.0, 0.5, claim="c", holds=False,
+                           rule_name="too few steps", cause=why)):
+        assert row.verdict != "does not hold" and row.cause is None
+        assert why not in row.reason
+
+
+def test_the_comparison_has_a_cause_column(tmp_path):
+    fig = base.Figure("x-fig", "sidco", "t", "benchmark", "hw", "claim", {"smoke": 1, "full": 1},
+                      lambda ctx: [])
+    rows = [base.judge("a", "m", None, 0.5, claim="c", holds=False,
+                       cause="refuted: the paper's own setting"),
+            base.judge("b", "m", None, 2.0, claim="c", holds=True, cause="scale: small")]
+    table = list(csv.DictReader(io.StringIO(base.comparison_csv_text(rows))))
+    assert [r["cause"] for r in table] == ["refuted", ""]
+    assert [r["verdict"] for r in table] == ["does not hold", "holds"]
+    md = base.comparison_markdown(fig, rows).splitlines()
+    head = next(line for line in md if line.startswith("| setting"))
+    cells = [c.strip() for c in head.strip("|").split("|")]
+    first = next(line for line in md if line.startswith("| a |"))
+    values = [c.strip() for c in first.strip("|").split("|")]
+    assert values[cells.index("cause")] == "refuted"
+    assert values[cells.index("verdict")] == "does not hold"
+    assert "1 does not hold (1 refuted)" in base.summary_verdict(rows)
+    assert base.status_of(fig, "full", rows, {})["causes"] == {"refuted": 1}
+
+
+def test_repro_figure_rules_lists_the_rules_and_the_causes(capsys):
+    assert main(["figure", "--rules"]) == 0
+    out = capsys.readouterr().out
+    for r in base.RULES:
+        assert f"| {r.name} | {r.verdict} | {r.when} |" in out
+    for c in base.CAUSES:
+        assert f"| {c.name} | {c.when} |" in out
+    readme = base.results_readme(Path("/nonexistent"))
+    assert base.causes_markdown() in readme and base.rules_markdown() in readme
+
+
+# -- projected against measured: one rule, applied in judge ------------------------------------------
+
+
+def test_a_projected_value_against_a_paper_measurement_is_not_comparable():
+    # thc-fig4's case: a projected time-to-accuracy speed-up against the paper's measured 1.32×.
+    row = base.judge("THC (software PS)", "projected TTA speed-up", 1.32, 0.54, claim="faster",
+                     interval=(0.39, 0.71), threshold=1.0, projected=True)
+    assert (row.verdict, row.rule, row.cause) == ("not comparable", "projected vs measured", None)
+    assert row.paper == 1.32 and row.interval == (0.39, 0.71)
+    assert claim_row("s", "m", 5.0, 0.58, False, "c", "", projected=True).rule == \
+        "projected vs measured"
+    # Without a paper number the projected value is checked on its claim.
+    checked = base.judge("s", "projected throughput", None, 0.64, claim="faster",
+                         interval=(0.58, 0.70), threshold=1.0, projected=True,
+                         cause="scale: a small model")
+    assert (checked.verdict, checked.rule) == ("does not hold", "checked")
+    # A not-comparable rule before it in the table wins; one after it does not.
+    for earlier in ("stand-in", "too few steps", "CPU vs GPU"):
+        assert base.judge("s", "m", 22.4, 0.6, claim="c", rule_name=earlier,
+                          projected=True).rule == earlier
+    # A measured value (on an emulated link) against the paper's number stays checked.
+    measured = base.judge("s", "measured throughput", 1.43, 0.8, claim="faster",
+                          interval=(0.7, 0.9), threshold=1.0, cause="hardware: a CPU")
+    assert measured.rule == "checked"
+
+
+def test_projected_vs_measured_is_named_only_for_a_projected_value():
+    with pytest.raises(ValueError, match="'s' / 'm': rule 'projected vs measured' is for a "
+                                         "projected value"):
+        base.judge("s", "m", None, 0.6, claim="c", rule_name="projected vs measured")
+    row = base.judge("s", "m", None, 0.6, claim="context: the PS's work is not modelled",
+                     rule_name="projected vs measured", projected=True)
+    assert row.rule == "projected vs measured"
+
+
+def _text(node: ast.AST) -> str:
+    """The literal text of a string argument (an f-string's constant parts)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text(v) for v in node.values)
+    return ""
+
+
+def test_every_figure_call_site_names_a_cause_and_marks_projected_values():
+    """Every judge/claim_row call of a paper module that can give a checked verdict passes
+    a cause (a call whose rule is a fixed not-comparable one never does not hold), and
+    every call whose reproduced value is the cost model's says so (projected=True), so
+    that the projected-vs-measured rule applies to it: a projected row is one whose
+    metric or claim says "projected" or which the figure marks."""
+    folder = Path(figures.__file__).parent
+    missing, unmarked = [], []
+    for path in sorted(folder.glob("*.py")):
+        if path.stem in (*figures.SHARED_MODULES, "__init__"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            name = node.func.id if isinstance(node.func, ast.Name) else getattr(
+                node.func, "attr", "")
+            if name not in ("judge", "claim_row"):
+                continue
+            kw = {k.arg: k.value for k in node.keywords}
+            fixed = isinstance(kw.get("rule_name"), ast.Constant)
+            if "cause" not in kw and not fixed:
+                missing.append(f"{path.name}:{node.lineno}")
+            says_projected = any("projected" in _text(a) for a in node.args[:2])
+            if says_projected and not (isinstance(kw.get("projected"), ast.Constant)
+                                       and kw["projected"].value is True):
+                unmarked.append(f"{path.name}:{node.lineno}")
+    assert not missing, f"calls without a cause: {missing}"
+    assert not unmarked, f"calls of a projected metric without projected=True: {unmarked}"
 
 
 # -- every figure goes through the table ---------------------------------------------------------

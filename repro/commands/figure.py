@@ -4,7 +4,8 @@ A run writes into outputs/<figure>/ (ignored by git; --out elsewhere) and compar
 rows with the published reference results/<figure>/ (the published value and verdict
 beside this run's); only --publish writes results/<figure>/ and results/README.md.
 `repro figure --list` shows every figure with its status and estimated run time on this
-machine (recorded run times); `repro figure --rules` prints the verdict rules;
+machine (recorded run times); `repro figure --rules` prints the verdict rules
+and the causes a row that does not hold names;
 `repro figure --default` runs the default set; `repro figure --extended` the long variants
 of the training figures (outputs/long/, published to results/long/).
 """
@@ -34,7 +35,7 @@ def add_parser(sub) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--list", action="store_true", help="list figures with status and estimated run time")
     g.add_argument("--readme", action="store_true", help="regenerate the results root's README.md")
-    g.add_argument("--rules", action="store_true", help="print the verdict rule table")
+    g.add_argument("--rules", action="store_true", help="print the verdict rule table and the causes of rows that do not hold")
     g.add_argument("--default", action="store_true", help="run the default set")
     g.add_argument("--extended", action="store_true",
                    help="run the extended set: every figure with a long variant, at --size long")
@@ -52,6 +53,10 @@ def run(args) -> int:
     results_root = Path(args.results) if args.results else base.default_results_root()
     if args.rules:
         print(base.rules_markdown())
+        print()
+        print("A row that does not hold names one cause:")
+        print()
+        print(base.causes_markdown())
         return 0
     if args.list:
         kind = base.machine()["kind"]

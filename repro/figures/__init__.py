@@ -12,6 +12,7 @@ import importlib
 import pkgutil
 
 from repro.figures.base import (
+    CAUSES,
     RULES,
     SIZES,
     VERDICTS,
@@ -64,7 +65,7 @@ def list_figures(pattern: str = "*") -> list[str]:
 
 
 __all__ = [
-    "DEFAULT_SET", "RULES", "SIZES", "VERDICTS", "Context", "Figure", "Row", "figure", "get",
+    "CAUSES", "DEFAULT_SET", "RULES", "SIZES", "VERDICTS", "Context", "Figure", "Row", "figure", "get",
     "judge", "list_figures", "load_all", "publish", "read_status", "registered",
     "results_readme", "run_figure", "run_figures", "verdict", "write_results_readme",
 ]

@@ -6,7 +6,9 @@ runs what it needs through the suite's own machinery (`repro.measure`, `repro.be
 with `ctx.write_csv` and its plot with `ctx.save_plot`, and returns comparison rows made
 by `judge`: the paper's value (from results/reference/<paper>.csv via `ctx.reference`),
 the reproduced value (with its interval when it is timed) and a verdict that one rule
-table (`RULES`) gives, the rule named in the row.
+table (`RULES`) gives, the rule named in the row. A row that does not hold names why, one
+of a few causes (`CAUSES`: the paper's hardware, scale or stand-in, a limitation of the
+suite, a genuine refutation); `judge` refuses one without.
 
 Where things go. A run writes into the outputs root (`outputs/` of the clone, ignored by
 git; `--out` or $GRADCOMP_OUTPUTS elsewhere): `outputs/<id>/` for the full variant,
@@ -142,6 +144,49 @@ NOT_COMPARABLE_RULES = tuple(r.name for r in RULES if r.verdict == "not comparab
 MIN_STEP_FRACTION = 0.1
 
 
+# -- why a claim does not hold ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a row does not hold: one of a few named causes, each row adding its specifics."""
+
+    name: str
+    when: str  # one sentence
+
+
+# Every "does not hold" row names exactly one of these (judge refuses a row without one),
+# written "<cause>: <what differs here>", e.g. "hardware: DGC's sampling and selection are
+# one fused pass here, two kernels on the paper's V100".
+CAUSES: tuple[Cause, ...] = (
+    Cause("hardware",
+          "the paper's hardware or software differs and the claim rests on it: its GPU "
+          "kernels, its CPU and PyTorch version, its network, against this CPU and this "
+          "torch (e.g. DGC's sampling and selection are one fused pass here)"),
+    Cause("scale",
+          "scale or stand-in: the claim rests on what is much smaller here than in the "
+          "paper (model, data set or a stand-in for it, workers, steps)"),
+    Cause("suite",
+          "a limitation of the suite: what its cost model, simulated workers or emulated "
+          "link leave out of the paper's system (e.g. the parameter server, waits on a "
+          "leader)"),
+    Cause("refuted",
+          "a genuine refutation: the setting matches what the paper states, and the claim "
+          "fails on the data"),
+)
+CAUSE_NAMES = tuple(c.name for c in CAUSES)
+
+
+def cause_name(cause: str) -> str:
+    """The cause's name in "<cause>: <specifics>", checked: one of CAUSE_NAMES, with the
+    specifics written out."""
+    name, sep, specifics = cause.partition(":")
+    if not sep or name.strip() not in CAUSE_NAMES or not specifics.strip():
+        raise ValueError(f"cause {cause!r} must read '<cause>: <what differs here>' with "
+                         f"<cause> one of {', '.join(CAUSE_NAMES)} (`repro figure --rules`)")
+    return name.strip()
+
+
 def rule(name: str) -> Rule:
     for r in RULES:
         if r.name == name:
@@ -234,6 +279,7 @@ class Row:
     rule: str = CHECKED  # the RULES entry that gave the verdict
     low: float | None = None  # interval of a timed reproduced value (10th–90th percentile)
     high: float | None = None
+    cause: str | None = None  # one of CAUSE_NAMES, on a row that does not hold (only there)
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -243,6 +289,14 @@ class Row:
         if self.verdict not in allowed:
             raise ValueError(f"verdict {self.verdict!r} does not follow from rule {r.name!r} "
                              f"(it gives {r.verdict}); build rows with judge()")
+        if self.verdict == "does not hold" and self.cause not in CAUSE_NAMES:
+            raise ValueError(
+                f"row {self.setting!r} / {self.metric!r} does not hold and names no cause "
+                f"(got {self.cause!r}): pass judge(..., cause='<cause>: <what differs here>') "
+                f"with <cause> one of {', '.join(CAUSE_NAMES)}")
+        if self.verdict != "does not hold" and self.cause is not None:
+            raise ValueError(f"row {self.setting!r} / {self.metric!r} is {self.verdict!r}: "
+                             "only a row that does not hold carries a cause")
 
     @property
     def ratio(self) -> float | None:
@@ -267,11 +321,15 @@ def interval_text(interval: tuple[float, float] | None, unit: str = "") -> str:
     return f"{fmt(interval[0], '.3g')}–{fmt(interval[1], '.3g')}{u}"
 
 
+PROJECTED_VS_MEASURED = "projected vs measured"
+
+
 def judge(setting: str, metric: str, paper: float | None, reproduced: float | None, *,
           claim: str, holds: bool | None = None,
           interval: tuple[float, float] | None = None, threshold: float | None = None,
           op: str = ">", rule_name: str | None = None, detail: str = "", unit: str = "",
-          missing_ok: bool = False, timed: bool = False) -> Row:
+          missing_ok: bool = False, timed: bool = False, cause: str | None = None,
+          projected: bool = False) -> Row:
     """A comparison row whose verdict the rule table gives (`decide`).
 
     claim: what the paper claims, as checked here. Then one of: `rule_name`, a
@@ -282,7 +340,28 @@ def judge(setting: str, metric: str, paper: float | None, reproduced: float | No
     (a claim over several sizes), so None means within noise. Without a reproduced value
     the rule is "no value" unless `missing_ok` (the claim was decided without a number,
     e.g. a baseline that never reached the target). detail: what differs from the paper
-    (CPU vs GPU, stand-in data, ...)."""
+    (CPU vs GPU, stand-in data, ...).
+
+    cause: why the claim would not hold, "<cause>: <what differs here>" with <cause> one
+    of CAUSE_NAMES; a row that does not hold without one is refused (ValueError naming
+    the row), and a row with any other verdict drops it.
+
+    projected: the reproduced value is projected by the cost model. Against a paper value
+    (a measurement on the paper's testbed) the rule is then "projected vs measured",
+    whatever the data say (a not-comparable rule before it in the table still wins);
+    without a paper value the claim is checked. The rule can be named only for a
+    projected value (for a claim about a cost the cost model leaves out)."""
+    if cause is not None:
+        cause_name(cause)  # a misspelt cause fails on every run, not only when it is needed
+    if rule_name == PROJECTED_VS_MEASURED and not projected:
+        raise ValueError(f"row {setting!r} / {metric!r}: rule {PROJECTED_VS_MEASURED!r} is for "
+                         "a projected value: pass projected=True (with the paper's value the "
+                         "rule then follows)")
+    # The rule applies unless a not-comparable rule before it in the table already does.
+    before = rule_name is not None and (RULE_NAMES.index(rule_name)
+                                        < RULE_NAMES.index(PROJECTED_VS_MEASURED))
+    if projected and paper is not None and not before:
+        rule_name = PROJECTED_VS_MEASURED
     if not _finite(reproduced):
         reproduced = None
     if interval is not None and not all(_finite(v) for v in interval):
@@ -293,8 +372,13 @@ def judge(setting: str, metric: str, paper: float | None, reproduced: float | No
     if reproduced is None and not missing_ok and rule_name is None:
         holds, timed = None, False
     v, r = decide(holds, rule_name=rule_name, timed=timed)
+    if v == "does not hold" and cause is None:
+        raise ValueError(
+            f"row {setting!r} / {metric!r} does not hold and names no cause: pass "
+            f"cause='<cause>: <what differs here>' with <cause> one of "
+            f"{', '.join(CAUSE_NAMES)} (`repro figure --rules`)")
     if r == CHECKED:
-        state = "holds here" if holds else "does NOT hold here"
+        state = "holds here" if holds else f"does NOT hold here ({cause.strip()})"
     elif r == WITHIN_NOISE:
         state = "within noise here"
     elif r == NO_VALUE:
@@ -308,7 +392,8 @@ def judge(setting: str, metric: str, paper: float | None, reproduced: float | No
     if detail:
         parts.append(detail)
     low, high = interval if interval is not None else (None, None)
-    return Row(setting, metric, paper, reproduced, v, "; ".join(parts), unit, r, low, high)
+    return Row(setting, metric, paper, reproduced, v, "; ".join(parts), unit, r, low, high,
+               cause_name(cause) if v == "does not hold" else None)
 
 
 # -- the registry -----------------------------------------------------------------------------
@@ -576,10 +661,11 @@ def comparison_markdown(fig: Figure, rows: Sequence[Row],
     """comparison.md: one table row per comparison row; with `published` (the published
     status.json) a column with the published value and verdict of the same row."""
     lines = [f"# {fig.id}: {fig.title}", "", f"Paper claim: {fig.expected}", "",
-             "Reproduced values that are timed carry their interval in brackets (10th–90th "
-             "percentile round by round over interleaved rounds, or step by step between two "
-             "training runs); the rule "
-             "that gave each verdict is in the rule column (`repro figure --rules`).", ""]
+             ("Reproduced values that are timed carry their interval in brackets (10th–90th "
+              "percentile round by round over interleaved rounds, or step by step between two "
+              "training runs); the rule that gave each verdict is in the rule column, and a "
+              "row that does not hold names its cause in the cause column "
+              "(`repro figure --rules`)."), ""]
     head = "| setting | metric | paper | reproduced | ratio | verdict |"
     sep = "|---|---|---|---|---|---|"
     pub_rows: dict[tuple[str, str], Mapping[str, Any]] = {}
@@ -591,7 +677,7 @@ def comparison_markdown(fig: Figure, rows: Sequence[Row],
         lines.insert(5, "")
         head += " published |"
         sep += "---|"
-    lines += [head + " rule | reason |", sep + "---|---|"]
+    lines += [head + " rule | cause | reason |", sep + "---|---|---|"]
     for r in rows:
         unit = f" {r.unit}" if r.unit else ""
         cells = [r.setting, f"{r.metric}{unit}", fmt(r.paper), _value_text(asdict(r)),
@@ -599,7 +685,7 @@ def comparison_markdown(fig: Figure, rows: Sequence[Row],
         if published is not None:
             p = pub_rows.get(row_key(r))
             cells.append("—" if p is None else f"{_value_text(p)}, {p['verdict']}")
-        cells += [r.rule, r.reason]
+        cells += [r.rule, r.cause or "", r.reason]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -610,14 +696,14 @@ def comparison_csv_text(rows: Sequence[Row], published: Mapping[str, Any] | None
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     head = ["setting", "metric", "unit", "paper", "reproduced", "low", "high", "ratio",
-            "verdict", "rule", "reason"]
+            "verdict", "rule", "cause", "reason"]
     pub_rows = {row_key(r): r for r in (published or {}).get("rows", [])}
     if published is not None:
         head += ["published_reproduced", "published_verdict"]
     w.writerow(head)
     for r in rows:
         line = [r.setting, r.metric, r.unit, r.paper, r.reproduced, r.low, r.high, r.ratio,
-                r.verdict, r.rule, r.reason]
+                r.verdict, r.rule, r.cause, r.reason]
         if published is not None:
             p = pub_rows.get(row_key(r))
             line += [None, None] if p is None else [p.get("reproduced"), p.get("verdict")]
@@ -625,10 +711,19 @@ def comparison_csv_text(rows: Sequence[Row], published: Mapping[str, Any] | None
     return buf.getvalue()
 
 
+def cause_counts(rows: Sequence[Row]) -> dict[str, int]:
+    """How many rows that do not hold name each cause (causes none names left out)."""
+    counts = {c: sum(r.cause == c for r in rows) for c in CAUSE_NAMES}
+    return {c: n for c, n in counts.items() if n}
+
+
 def summary_verdict(rows: Sequence[Row]) -> str:
-    """One line: the counts, and the first row that does not hold (if any)."""
+    """One line: the counts (those that do not hold by cause), and the first row that
+    does not hold (if any)."""
     counts = {v: sum(r.verdict == v for r in rows) for v in VERDICTS}
-    text = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    causes = ", ".join(f"{n} {c}" for c, n in cause_counts(rows).items())
+    text = ", ".join(f"{n} {v}" + (f" ({causes})" if v == "does not hold" else "")
+                     for v, n in counts.items() if n)
     bad = [r for r in rows if r.verdict == "does not hold"]
     if bad:
         text += f"; e.g. does not hold: {bad[0].setting}, {bad[0].metric}"
@@ -654,6 +749,7 @@ def status_of(fig: Figure, size: str, rows: Sequence[Row], run: Mapping[str, Any
               ) -> dict[str, Any]:
     return {"id": fig.id, "size": size,
             "verdicts": {v: sum(r.verdict == v for r in rows) for v in VERDICTS},
+            "causes": cause_counts(rows),
             "summary": summary_verdict(rows), "rows": [asdict(r) for r in rows],
             "run": dict(run)}
 
@@ -929,6 +1025,14 @@ def rules_markdown() -> str:
     return "\n".join(lines)
 
 
+def causes_markdown() -> str:
+    """The causes a row that does not hold names, as markdown (results/README.md,
+    `repro figure --rules`)."""
+    lines = ["| cause | when |", "|---|---|"]
+    lines += [f"| {c.name} | {c.when} |" for c in CAUSES]
+    return "\n".join(lines)
+
+
 def results_readme(root: Path | None = None) -> str:
     """results/README.md: every registered figure, its status and one-line verdict."""
     lines = [
@@ -939,12 +1043,17 @@ def results_readme(root: Path | None = None) -> str:
         "",
         "Each figure's folder holds its data (CSV), plot (PNG), comparison.csv/.md (paper",
         "value, reproduced value with its interval when timed, ratio, verdict, the rule that",
-        "gave it, reason) and status.json. The papers' values are in reference/<paper>.csv",
-        "(source: text, table or plot-estimate). Machine-specific micro-benchmarks are in bench/.",
+        "gave it, the cause of a row that does not hold, reason) and status.json. The papers'",
+        "values are in reference/<paper>.csv (source: text, table or plot-estimate).",
+        "Machine-specific micro-benchmarks are in bench/.",
         "",
         "Verdicts follow one rule table, in this order of precedence:",
         "",
         rules_markdown(),
+        "",
+        "Every row that does not hold names one cause, its specifics in the row's reason:",
+        "",
+        causes_markdown(),
         "",
         "| figure | paper | what | status | verdict |",
         "|---|---|---|---|---|",

@@ -149,15 +149,18 @@ def claim_row(setting: str, metric: str, paper: float | None, reproduced: float 
               holds: bool | None, claim: str, caveat: str, unit: str = "",
               missing_ok: bool = False, *, rule_name: str | None = None,
               interval: tuple[float, float] | None = None, threshold: float | None = None,
-              op: str = ">", timed: bool = False) -> Row:
+              op: str = ">", timed: bool = False, cause: str | None = None,
+              projected: bool = False) -> Row:
     """base.judge in the figures' argument order: `holds` is the claim checked on the
     data (None: undecided), `caveat` what differs from the paper. A timed value passes
     its `interval` (with `threshold` and `op`, or a `holds` decided on intervals, where
     None means within noise; `timed` when there is no one interval to pass);
-    `rule_name` names a not-comparable rule that applies."""
+    `rule_name` names a not-comparable rule that applies; `cause` says why the claim
+    would not hold ("<cause>: <specifics>"); `projected`: the value is the cost model's."""
     return judge(setting, metric, paper, reproduced, claim=claim, holds=holds,
                  interval=interval, threshold=threshold, op=op, rule_name=rule_name,
-                 detail=caveat, unit=unit, missing_ok=missing_ok, timed=timed)
+                 detail=caveat, unit=unit, missing_ok=missing_ok, timed=timed, cause=cause,
+                 projected=projected)
 
 
 # -- timed quantities ----------------------------------------------------------------------------
@@ -491,7 +494,10 @@ def projection_rows(setting: str, runs: Mapping[str, Run], names: Mapping[str, s
             f"±{MODEL_AGREEMENT:.0%} (checked on the step-by-step interval)",
             f"{link_note(bandwidth_gbps)}; the projection onto that link: this run's compute "
             "and compression plus the cost model's communication (gloo on the emulated link)",
-            "×", interval=None if check is None else check.interval, timed=True))
+            "×", interval=None if check is None else check.interval, timed=True,
+            cause="suite: the cost model's communication on this link misses part of the "
+                  "measured step (e.g. gloo's per-collective costs, the hook's thread hops, "
+                  "how much of it overlaps backward)"))
     return rows
 
 

@@ -93,6 +93,17 @@ def _band(value: float | None, target: float, tol: float) -> bool | None:
     return None if value is None else abs(value - target) <= tol * target
 
 
+def _density_cause(compressor: str, where: str) -> str:
+    """Why DEFT or CLT-k would miss the set density: DEFT's minimum of one element per
+    partition, which small tensors feel; CLT-k sends exactly the leader's k indices, so a
+    miss there is the suite's own."""
+    if compressor == "deft":
+        return (f"scale: {where}: DEFT gives every partition at least one element, which "
+                "adds to k where a tensor is small for its number of partitions")
+    return ("suite: CLT-k sends exactly its leader's k indices, so a density off δ is the "
+            f"suite's own ({where})")
+
+
 # -- Fig. 1: gradient build-up --------------------------------------------------------------
 
 
@@ -135,6 +146,7 @@ def deft_fig1(ctx: Context) -> list[Row]:
     ctx.write_csv("density", rows)
 
     inputs_seen = list(dict.fromkeys(r["input"] for r in rows))
+    numel_of = {r["input"]: r["numel"] for r in rows}
     plt = pyplot()
     fig, axes = plt.subplots(1, len(inputs_seen), figsize=(5 * len(inputs_seen), 4),
                                 squeeze=False)
@@ -167,14 +179,18 @@ def deft_fig1(ctx: Context) -> list[Row]:
                          claim="Top-k's density grows with n, well above δ (checked: grows "
                                "monotonically and ends > 2δ)", holds=grows,
                          detail=f"{' → '.join(fmt(v, '.3g', 'n/a') for v in topk)} for n = "
-                                f"{list(workers)}"))
+                                f"{list(workers)}",
+                         cause=f"scale: {inp}, {steps} steps: how far Top-k's union grows "
+                               "rests on how little the workers' top-k sets overlap, a property "
+                               "of the gradients (the paper: ResNet-18 on CIFAR-10)"))
         for c in ("deft", "cltk"):
             worst = max(abs(dens(c, n) / ratio - 1) for n in workers)
             out.append(judge(f"{inp}, n = 1…{n_max}", f"{LABELS[c]} actual density (largest n)",
                              ref, dens(c, n_max),
                              claim=f"{LABELS[c]} keeps the density at δ (checked: largest "
                                    "deviation over n ≤ 10%)", holds=worst <= 0.10,
-                             detail=f"largest deviation over n here {100 * worst:.1f}%"))
+                             detail=f"largest deviation over n here {100 * worst:.1f}%",
+                             cause=_density_cause(c, f"{inp}, d = {numel_of[inp]:,}")))
     return out
 
 
@@ -317,23 +333,29 @@ def deft_fig9(ctx: Context) -> list[Row]:
     at16 = speed.get(16)
     cpu = ("CPU torch.topk and one thread per simulated worker, timed in interleaved rounds on "
            "a shared 2-core machine, vs V100 GPUs; synthetic gradient on the paper's LSTM layout")
+    on_cpu = (f"scale: smoke size, {model_label}, {numel:,} elements: each worker's "
+              "selection is a few short calls whose fixed costs do not shrink with n"
+              if ctx.smoke else
+              "hardware: the speed-up rests on how top-k's time grows with the tensor and k "
+              "(Eq. 9 assumes O(d log k)): torch.topk on one CPU thread here, the V100's top-k "
+              "in the paper")
     out = [
         judge(f"n = {ns[0]}…{n_max}", "speed-up over Top-k grows with n", None,
               speed[n_max].median, claim="the speed-up increases with workers (checked: no step "
               "n → 2n falls by more than 10% and the last beats the first, on 10–90% intervals)",
               holds=grows, timed=True,
               detail=f"medians {', '.join(f'{speed[n].median:.2f}' for n in ns)} for n = {ns}; "
-                     + cpu, unit="x"),
+                     + cpu, unit="x", cause=on_cpu),
         judge("16 workers", "speed-up lower bound (linear)", ref,
               None if at16 is None else at16.median,
               claim="super-linear speed-up, f(n) ≥ n (Eq. 9)",
               interval=None if at16 is None else at16.interval, threshold=16.0, op=">=",
-              detail=cpu, unit="x"),
+              detail=cpu, unit="x", cause=on_cpu),
         judge(f"{n_max} workers", "speed-up over DEFT at n=1", None, over1[n_max].median,
               claim=f"the same against DEFT's own layer-wise selection at n = 1 (what the paper "
                     f"calls the Top-k case): ≥ n = {n_max}",
               interval=over1[n_max].interval, threshold=float(n_max), op=">=", detail=cpu,
-              unit="x"),
+              unit="x", cause=on_cpu),
     ]
     return out
 
@@ -487,7 +509,8 @@ def deft_fig3(ctx: Context) -> list[Row]:
                                 + ", ".join(f"{LABELS[c]} {fmt(finals[c], '.3g', 'n/a')}"
                                             for c in sparse)
                                 + f"); paper: at least {PAPER_STEPS[w]:,} steps; "
-                                + _scale_note(ctx, w)))
+                                + _scale_note(ctx, w),
+                         cause=f"scale: {_scale_note(ctx, w)}"))
         higher = data[(w, comps[0])].higher_is_better
         for c in sparse:
             out.append(_reaches(f"{WORKLOADS[w]['label']}", LABELS[c], data[(w, c)],
@@ -515,7 +538,8 @@ def _reaches(setting: str, who: str, run: Run, base: Run | None, metric: str, hi
                  detail=f"over the steps {steps}; last evaluation {fmt(run.final_eval, '.3g', 'n/a')}"
                         f" vs {fmt(None if base is None else base.final_eval, '.3g', 'n/a')} "
                         f"after {run.steps} steps; "
-                        + note)
+                        + note,
+                 cause=f"scale: {note}")
 
 
 @figure(
@@ -551,7 +575,10 @@ def deft_fig4(ctx: Context) -> list[Row]:
         out.append(judge(label, "Top-k actual density / set density", paper_x, mine_x,
                          claim=f"Top-k's gradient build-up ({fmt(paper_x, '.3g', 'n/a')}x at 16 "
                                "GPUs; checked: within 2x of the paper's factor)",
-                         holds=within, detail=_scale_note(ctx, w), unit="x"))
+                         holds=within, detail=_scale_note(ctx, w), unit="x",
+                         cause=f"scale: {_scale_note(ctx, w)}; the build-up factor rests on how "
+                               "little the workers' top-k sets overlap, a property of the "
+                               "model's gradients"))
         for c in ("deft", "cltk"):
             if (w, c) not in data:
                 continue
@@ -560,7 +587,8 @@ def deft_fig4(ctx: Context) -> list[Row]:
             out.append(judge(label, f"{LABELS[c]} mean actual density", paper_d, d,
                              claim=f"{LABELS[c]} holds the set density δ={delta} (checked: "
                                    "within ±10%)",
-                             holds=_band(d, delta, 0.10), detail=_scale_note(ctx, w)))
+                             holds=_band(d, delta, 0.10), detail=_scale_note(ctx, w),
+                             cause=_density_cause(c, f"a small {label} model")))
     return out
 
 
@@ -598,7 +626,8 @@ def deft_fig5(ctx: Context) -> list[Row]:
                                 + ", ".join(f"{LABELS[c]} {fmt(v, '.3g', 'n/a')}"
                                             for c, v in means.items())
                                 + " (worker 0's residual, not the mean over workers); "
-                                + _scale_note(ctx, w)))
+                                + _scale_note(ctx, w),
+                         cause=f"scale: {_scale_note(ctx, w)}"))
     return out
 
 
@@ -658,6 +687,9 @@ def deft_fig7(ctx: Context) -> list[Row]:
     out: list[Row] = []
     why = ("CPU-measured selection on a small LSTM vs V100s on the paper's; communication is "
            "the cost model's projection, not measured; " + _scale_note(ctx, workload))
+    small_selection = (f"scale: {_scale_note(ctx, workload)}: a small model's selections are "
+                       "short, and DEFT's gain over a whole-gradient top-k grows with the "
+                       "layers' sizes")
     for c in comps:
         if c == "deft":
             continue
@@ -670,14 +702,21 @@ def deft_fig7(ctx: Context) -> list[Row]:
                          interval=None if ratio is None else ratio.interval, threshold=1.5,
                          op=">", detail=f"{LABELS[c]} {1e3 * split[c][1]:.2f} ms vs DEFT "
                                         f"{1e3 * split['deft'][1]:.2f} ms, per {n}-step cycle's "
-                                        "slowest step, cycle by cycle; " + why, unit="x"))
+                                        "slowest step, cycle by cycle; " + why, unit="x",
+                         cause=small_selection))
         out.append(judge(f"{WORKLOADS[workload]['label']}, {n} workers",
                          f"communication {LABELS[c]} / DEFT (projected)", None,
                          split[c][2] / split["deft"][2] if split["deft"][2] > 0 else None,
                          claim="DEFT communicates less (the projection from the bytes sent)",
                          holds=split[c][2] > split["deft"][2],
                          detail=f"projected {1e3 * split[c][2]:.3f} ms vs DEFT "
-                                f"{1e3 * split['deft'][2]:.3f} ms; " + why, unit="x"))
+                                f"{1e3 * split['deft'][2]:.3f} ms; " + why, unit="x",
+                         projected=True,
+                         cause=f"suite: communication is the cost model's, from the bytes "
+                               f"each collective sends; {LABELS[c]}'s and DEFT's are close "
+                               "when both move about k indices and k values, and what else the "
+                               "paper's measured communication holds (e.g. waiting on CLT-k's "
+                               "leader) the model leaves out"))
     spec = CONVERGENCE[ctx.size][workload]
     return out + _fig7_link_rows(ctx, workload, comps, spec["batch"], 3 if ctx.smoke else 20)
 
@@ -708,7 +747,10 @@ def _fig7_link_rows(ctx: Context, workload: str, comps: Sequence[str], batch: in
                              interval=None if ratio_ is None else ratio_.interval,
                              threshold=threshold, op=">", unit="x",
                              detail=f"{steps} steps each, worker 0; {splits}; the paper: 16 "
-                                    "V100 workers, slowest worker per iteration"))
+                                    "V100 workers, slowest worker per iteration",
+                             cause="scale: 2 gloo ranks on the emulated link (the paper: "
+                                   "16 V100 workers), a small model whose selections are short "
+                                   "and whose collectives are small"))
     return out + projection_rows(setting, runs, LABELS)
 
 
