@@ -17,6 +17,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="repro",
         description="gradcomp-repro: gradient compressors for DDP and their papers' figures.",
     )
+    from repro.commands.train import version_text
+
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in sorted(pkgutil.iter_modules(repro.commands.__path__), key=lambda m: m.name):
         if mod.name.startswith("_"):
