@@ -12,6 +12,18 @@ import sys
 import repro.commands
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to an option's help where it has a default that means something
+    (not None, not False) and its help does not already say its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text.lower() or action.default in (None, False, argparse.SUPPRESS)
+                or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="repro",

@@ -346,3 +346,33 @@ def test_a_paper_size_run_shorter_than_the_papers_schedule_is_warned(tmp_path):
     notes.clear()
     launch.plan([f"runs_root={tmp_path}"], multirun=False, notes=notes)
     assert notes == []  # smoke, the default: its own short schedule
+
+
+# -- 14. the small ones ------------------------------------------------------------------------------
+def test_figure_list_takes_a_pattern(capsys):
+    assert main(["figure", "--list", "sidco-*"]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]
+            if not line.startswith(("(?)", "*", "the "))]
+    assert rows and all(r.startswith("sidco-") for r in rows)
+    assert main(["figure", "--list"]) == 0
+    out = capsys.readouterr().out
+    assert "thc-fig8" in out and "built-in upper estimates for" in out
+
+
+def test_help_texts_state_each_default_once():
+    import argparse
+
+    from repro.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    for name, command in sub.choices.items():
+        formatter = command._get_formatter()
+        for action in command._actions:
+            if action.help in (None, argparse.SUPPRESS):
+                continue
+            text = formatter._expand_help(action)
+            assert "(default: None)" not in text and "(default: False)" not in text, (name, text)
+            assert text.lower().count("default") <= 1, f"repro {name} {action.dest}: {text}"
+    args = parser.parse_args(["hookbench", "--granularity", "model"])
+    assert args.granularity == "model"
