@@ -624,11 +624,13 @@ class LogLines:
 
     def __init__(self, stream):
         self.stream = stream
+        self.last = None
 
     def write(self, text: str) -> None:
         text = text.replace("\r", "").replace("\x1b[A", "").strip()
-        if text:
+        if text and text != self.last:  # closing the bar repeats its last state
             self.stream.write(text + "\n")
+            self.last = text
 
     def flush(self) -> None:
         self.stream.flush()
@@ -651,12 +653,16 @@ def progress(iterable_or_total: Iterable[Any] | int, desc: str | None = None, en
     kwargs: dict[str, Any] = {"desc": desc, "disable": disable, "dynamic_ncols": True,
                               "file": stream}
     isatty = getattr(stream, "isatty", None)
+    bar = tqdm
     if not (callable(isatty) and isatty()):
         kwargs.update(file=LogLines(stream), mininterval=LOG_INTERVAL_S, ascii=True,
                       dynamic_ncols=False, ncols=100)
+        # No monitor thread: its forced refreshes would write lines of their own between
+        # the bar's, twice for one state.
+        bar = type("LogBar", (tqdm,), {"monitor_interval": 0})
     if isinstance(iterable_or_total, int):
-        return tqdm(total=iterable_or_total, **kwargs)
-    return tqdm(iterable_or_total, **kwargs)
+        return bar(total=iterable_or_total, **kwargs)
+    return bar(iterable_or_total, **kwargs)
 
 
 class NullBar:
