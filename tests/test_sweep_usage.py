@@ -348,7 +348,51 @@ def test_a_paper_size_run_shorter_than_the_papers_schedule_is_warned(tmp_path):
     assert notes == []  # smoke, the default: its own short schedule
 
 
+def test_the_readme_states_the_task_sizes():
+    with open(os.path.join(os.path.dirname(launch.conf_dir()), "README.md")) as f:
+        text = " ".join(f.read().split())
+    assert "`task.size` is `smoke` by default" in text
+    assert "task.size=paper" in text and "warm-up" in text
+
+
 # -- 14. the small ones ------------------------------------------------------------------------------
+def readme() -> str:
+    with open(os.path.join(os.path.dirname(launch.conf_dir()), "README.md")) as f:
+        return f.read()
+
+
+def calls_in_readme(name: str) -> list:
+    """The calls of `name` in README's code (its indented blocks and inline `code`)."""
+    import ast
+
+    found = []
+    text = readme()
+    for start in (m.start() for m in re.finditer(re.escape(name) + r"\(", text)):
+        depth, end = 0, start
+        for end in range(start, len(text)):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            if depth == 0 and text[end] == ")":
+                break
+        snippet = " ".join(text[start:end + 1].split())
+        found.append(ast.parse(snippet, mode="eval").body)
+    assert found, f"README has no call of {name}"
+    return found
+
+
+def test_the_readmes_snippets_call_the_api_as_it_is():
+    import inspect
+
+    import repro.hooks
+
+    params = list(inspect.signature(repro.hooks.check_replicas).parameters)
+    for call in calls_in_readme("check_replicas"):
+        # each positional argument lands on the parameter its name says
+        assert [a.id for a in call.args] == params[:len(call.args)]
+        assert {k.arg for k in call.keywords} <= set(params)
+    for call in calls_in_readme("pl.Trainer"):  # under torchrun Lightning needs both
+        assert {"accelerator", "devices", "strategy"} <= {k.arg for k in call.keywords}
+
+
 def test_figure_list_takes_a_pattern(capsys):
     assert main(["figure", "--list", "sidco-*"]) == 0
     rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:]
