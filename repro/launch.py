@@ -460,9 +460,10 @@ def _ratio_where_it_applies(composed: list[tuple[list[str], DictConfig]],
         if takes[str(cfg.compressor.name)] is False:
             cfg.compressor.ratio = None
     with_ratio = sorted(n for n, t in takes.items() if t)
+    one = len(dropped) == 1
     notes.append(f"compressor.ratio applies to {', '.join(with_ratio)}; "
-                 f"{', '.join(dropped)} take{'s' if len(dropped) == 1 else ''} no ratio and "
-                 "run without one")
+                 f"{', '.join(dropped)} take{'s' if one else ''} no ratio and "
+                 f"run{'s' if one else ''} without one")
 
 
 def _same_dir_message(a: Planned, b: Planned) -> str:
@@ -872,7 +873,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
     submitted: list[str] = []
     with stopping.stop_on_signals(forward=stopping.RankForwarder()):
         for i, p in enumerate(planned):
-            if shown and not dry_run:
+            if shown and not dry_run and steps_left[i]:  # a skipped run says so itself
                 report.before(i + 1, steps_left[i:])
             delete = restart or bool(p.changes) or bool(p.broken)
             if restart:  # whatever the folder holds goes: its changes need no mention
@@ -895,14 +896,14 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                                            "command goes on with it", stopping.requested())
             if p.done and not restart:
                 out(f"[{status(p)}] {p.run_dir}")
-                report.outcomes.append(sweep.Outcome(p.run_dir, "done before, skipped",
+                report.outcomes.append(sweep.Outcome(p.run_dir, "skipped (done)",
                                                      _summary(p.run_dir)))
                 continue
             if p.failure is not None and not retry_failed and not restart:
                 out(f"[{p.failure.get('status', 'failed')} before, skipped] {p.run_dir}: "
                     f"{sweep.short(p.failure.get('reason'))}")
                 report.outcomes.append(sweep.Outcome(
-                    p.run_dir, f"{p.failure.get('status', 'failed')} before, skipped",
+                    p.run_dir, f"skipped ({p.failure.get('status', 'failed')})",
                     reason=p.failure.get("reason"), log=p.failure.get("log")))
                 failed.append((p.run_dir, p.failure))
                 continue
@@ -913,7 +914,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                     _refresh(p)
                     if p.done:
                         out(f"[{status(p)}] {p.run_dir}")
-                        report.outcomes.append(sweep.Outcome(p.run_dir, "done before, skipped",
+                        report.outcomes.append(sweep.Outcome(p.run_dir, "skipped (done)",
                                                              _summary(p.run_dir)))
                         continue
                     delete = bool(p.changes) or bool(p.broken)

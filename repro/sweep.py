@@ -98,7 +98,7 @@ def duration(seconds: float) -> str:
 @dataclass
 class Outcome:
     run_dir: str
-    status: str  # done | skipped (done before) | failed | diverged | failed before (skipped)
+    status: str  # done | failed | diverged | skipped (done) | skipped (failed / diverged)
     summary: dict[str, Any] | None = None
     reason: str | None = None
     log: str | None = None
