@@ -43,6 +43,7 @@ def no_training(monkeypatch) -> None:
 
 
 # -- 1. a ratio where it means something ----------------------------------------------------------
+@pytest.mark.slow  # over a second: validates several runs
 def test_a_ratio_applies_only_to_the_compressors_that_take_one(tmp_path):
     notes: list[str] = []
     planned = launch.plan(["compressor=none,topk,thc", "compressor.ratio=0.01,0.001",
@@ -65,6 +66,7 @@ def test_a_ratio_applies_only_to_the_compressors_that_take_one(tmp_path):
 
 
 # -- 2. one folder per config; more steps extend ----------------------------------------------------
+@pytest.mark.slow  # over a second: validates several runs
 def test_each_config_gets_its_own_folder(tmp_path):
     sweep_args = ["task.hparams.lr=0.1,0.05", *COMMON, f"runs_root={tmp_path}"]
     first, second = launch.plan(sweep_args, multirun=True)
@@ -211,6 +213,7 @@ def test_summary_holds_what_the_summary_line_prints(diverging_sweep):
 
 
 # -- 5. every override validated; Hydra's flags ------------------------------------------------------
+@pytest.mark.slow  # over a second: validates several runs
 def test_added_keys_are_validated_before_anything_is_made(tmp_path, capsys):
     for added, named in (("+foo=1", "foo is not a config key"),
                          ("+compressor.rato=0.1", "compressor.rato is not a config key"),
@@ -301,6 +304,7 @@ SLURM = ["cluster=multi_node", "cluster.nodes=2", "cluster.workers=16",
          "hydra.launcher.timeout_min=240"]
 
 
+@pytest.mark.slow  # over a second: validates several runs
 def test_a_slurm_sweep_is_planned_without_a_gpu_and_its_jobs_shown(tmp_path, monkeypatch):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher",
                         reason="the slurm extra is not installed")
