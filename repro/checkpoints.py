@@ -70,7 +70,8 @@ def sha256(path: str) -> str:
 
 def config_hash(cfg) -> str:
     """SHA-256 of the run's resolved config, without the keys that cannot change its
-    results (repro.launch.RESULT_NEUTRAL_KEYS: where the run lives, how progress shows)."""
+    results (repro.launch.RESULT_NEUTRAL_KEYS: where the run lives, how progress shows) and
+    without `steps`: a run given more steps goes on from its checkpoints."""
     from omegaconf import OmegaConf
 
     from repro.launch import RESULT_NEUTRAL_KEYS
@@ -81,7 +82,7 @@ def config_hash(cfg) -> str:
         if not isinstance(node, dict):
             return node
         return {k: strip(v, f"{prefix}{k}.") for k, v in sorted(node.items())
-                if f"{prefix}{k}" not in RESULT_NEUTRAL_KEYS}
+                if f"{prefix}{k}" not in (*RESULT_NEUTRAL_KEYS, "steps")}
 
     text = json.dumps(strip(data), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()

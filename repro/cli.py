@@ -12,11 +12,26 @@ import sys
 import repro.commands
 
 
+class DefaultsFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to an option's help where it has a default that means something
+    (not None, not False) and its help does not already say its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("default" in text.lower() or action.default in (None, False, argparse.SUPPRESS)
+                or not action.option_strings):
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="repro",
         description="gradcomp-repro: gradient compressors for DDP and their papers' figures.",
     )
+    from repro.commands.train import version_text
+
+    parser.add_argument("--version", action="version", version=version_text())
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for mod in sorted(pkgutil.iter_modules(repro.commands.__path__), key=lambda m: m.name):
         if mod.name.startswith("_"):

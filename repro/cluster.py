@@ -108,6 +108,35 @@ def torchrun_command(env: Mapping[str, str], procs_per_node: int, run_dir: str,
             "-m", "repro.worker", run_dir]
 
 
+def describe_job(run_dir: str, settings: dict[str, Any]) -> list[str]:
+    """What `submit` would hand the scheduler for one run, for a dry run: the job's
+    #SBATCH lines as submitit writes them (slurm), or its settings (local)."""
+    settings = dict(settings)
+    kind = settings.pop("kind")
+    settings.pop("_target_", None)
+    settings.pop("max_num_timeout", None)
+    folder = os.path.join(os.path.dirname(run_dir), ".submitit", "%j")
+    head = f"job: runs repro.cluster.run_job({run_dir!r})"
+    why = ""
+    if kind == "slurm":
+        try:
+            from submitit.slurm import slurm
+
+            names = slurm.SlurmExecutor._equivalence_dict()
+            params = {names.get(k, k): v for k, v in settings.items()
+                      if v is not None and v != {}}
+            if "mem" in params:
+                params["mem"] = slurm._convert_mem(params["mem"])
+            text = slurm._make_sbatch_string(command="<python -m submitit.core._submit>",
+                                             folder=folder, **params)
+            return [head + ", submitted with:"] + [
+                line for line in text.splitlines() if line.startswith("#SBATCH")]
+        except Exception as exc:  # noqa: BLE001 - another submitit: the settings as given
+            why = f"; submitit's sbatch text unavailable: {exc}"
+    shown = ", ".join(f"{k}={v}" for k, v in sorted(settings.items()) if v is not None)
+    return [f"{head} ({kind}: {shown}{why})"]
+
+
 def run_job(run_dir: str) -> str:
     """One submitted run (inside its job): on SLURM, this node's torchrun; elsewhere the
     run as `repro train` launches it. Returns the run directory. The job's first node
@@ -129,6 +158,7 @@ def _run_job(run_dir: str) -> str:
     from repro import launch
 
     cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
+    config_mod.check_device(cfg)  # here, where the run trains (not on the login node)
     if "SLURM_JOB_ID" in os.environ and cfg.cluster.mode == "torchrun":
         per_node = cfg.cluster.workers // cfg.cluster.nodes
         cmd = torchrun_command(os.environ, per_node, run_dir,

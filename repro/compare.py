@@ -1,8 +1,12 @@
 """Side-by-side comparison of finished (or running) training runs (`repro compare`).
 
 Reads each run directory with repro.runs (config.yaml, metrics.jsonl, summary.json; see
-repro/logging.py for the layout), prints one table row per run and writes PNG plots plus a
-static index.html to an output folder.
+repro/logging.py for the layout), prints one table row per run (and, for a config run over
+several seeds, one row of mean ± std) and writes PNG plots plus a static index.html to an
+output folder, by default runs/<group>/compare/<time>/ (never inside a run folder). Each
+run's curve has its own color, line style and marker; every plot is saved whole (titles,
+labels and legends inside the image). Runs that differ in workers or launch mode get a
+warning: their throughputs and times are not comparable.
 
 Table columns (means are over the logged steps that carry the value):
 
@@ -105,7 +109,7 @@ def table_rows(runs: Sequence[Run], extra: Sequence[str] = ()) -> tuple[list[str
             best_cell = f"{r.metric}={fmt(best)}"
         row: list[Any] = [
             r.name, r.compressor, r.cfg("compressor.ratio"), r.cfg("cluster.workers"), r.task,
-            r.data_source, "done" if r.done else "running/incomplete", r.last("loss"), best_cell,
+            r.data_source, r.status, r.last("loss"), best_cell,
             ttt if ttt is not None else status, rate.samples_per_s,
         ]
         if with_projected:
@@ -127,6 +131,28 @@ def wrap_title(title: str, width: int = 80) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(title, width)) or title
+
+LINE_STYLES = ("-", "--", "-.", ":")
+MARKERS = ("o", "s", "^", "D", "v", "x", "P", "*")
+
+
+def wrap_label(text: str, width: int = 60) -> str:
+    """A legend or tick label in lines of at most `width` characters (a run name without
+    spaces is cut at any character)."""
+    return "\n".join(text[i:i + width] for i in range(0, len(text), width)) or text
+
+
+def legend_below(fig, entries: int, ncol: int | None = None) -> None:
+    """The figure's legend under its axes, outside the plotted area (constrained layout
+    makes room): it hides no curve and no axis label."""
+    ncol = ncol or (1 if entries > 3 else max(1, entries))
+    fig.legend(fontsize="small", loc="outside lower center", ncol=ncol, frameon=False)
+
+
+def figure_size(width: float, height: float, legend_rows: int) -> tuple[float, float]:
+    """A figure tall enough for its axes and a legend of `legend_rows` lines below them."""
+    return width, height + 0.22 * legend_rows
+
 
 class ByteCount:
     """Bytes, printed with a binary unit."""
@@ -184,14 +210,26 @@ class Plotter:
         self.out = out
         cmap = plt.get_cmap("tab10" if len(runs) <= 10 else "tab20")
         self.colors = {r.path: cmap(i % cmap.N) for i, r in enumerate(runs)}
+        # Each run also gets its own line style and marker, so that runs whose curves lie
+        # on top of each other (equal losses, a baseline twice) stay visible.
+        self.styles = {r.path: (LINE_STYLES[i % len(LINE_STYLES)], MARKERS[i % len(MARKERS)])
+                       for i, r in enumerate(runs)}
         self.plots: list[Plot] = []
         self.skipped: list[str] = []
 
+    def draw(self, ax, r: Run, xs, ys, label: str, dashed: bool = False) -> None:
+        style, marker = self.styles[r.path]
+        ax.plot(xs, ys, "--" if dashed else style, label=label, color=self.colors[r.path],
+                lw=1.4, marker=marker, ms=4, markevery=max(1, len(xs) // 10),
+                fillstyle="none")
+
     def save(self, fig, file: str, title: str) -> None:
-        fig.tight_layout()
         try:
+            # bbox_inches="tight": the saved image grows to hold every title, label and
+            # legend, so none is cut at its edge.
             write_file(os.path.join(self.out, file),
-                       lambda f: fig.savefig(f, format="png", dpi=110), binary=True)
+                       lambda f: fig.savefig(f, format="png", dpi=110, bbox_inches="tight",
+                                             pad_inches=0.15), binary=True)
         finally:
             self.plt.close(fig)
         self.plots.append(Plot(file, title))
@@ -206,10 +244,10 @@ class Plotter:
         if not have:
             self.skipped.append(f"{file}: no run logged {key!r}")
             return
-        fig, ax = self.plt.subplots(figsize=(7.5, 4.5))
+        lines = sum(len(r.name) // 60 + 1 for r, _, _ in have) + (ref is not None)
+        fig, ax = self.plt.subplots(figsize=figure_size(7.5, 4.5, lines), layout="constrained")
         for r, xs, ys in have:
-            ax.plot(xs, ys, label=r.name, color=self.colors[r.path], lw=1.4,
-                    marker="o" if len(xs) <= 20 else None, ms=3)
+            self.draw(ax, r, xs, ys, wrap_label(r.name))
         if ref is not None:
             ax.axhline(ref, color="grey", ls=":", lw=1, label=ref_label)
         ax.set_xlabel(X_LABELS[x])
@@ -217,7 +255,7 @@ class Plotter:
         title = f"{what} vs {X_LABELS[x].split(' (')[0]} — {title_suffix([r for r, _, _ in have])}"
         ax.set_title(wrap_title(title), fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
+        legend_below(fig, len(have) + (ref is not None))
         self.save(fig, file, title)
 
     def throughput(self, x: str) -> None:
@@ -235,18 +273,21 @@ class Plotter:
             workers = sorted({r.cfg("cluster.target_workers") for r, _, _ in projected} - {None})
             on = f" on {workers[0]} workers" if len(workers) == 1 else ""
             panels.append((projected, f"projected{on} (cost model)", "projected samples/s"))
-        fig, axes = self.plt.subplots(1, len(panels), figsize=(7.5 * len(panels), 4.5), squeeze=False)
+        entries = sum(len(p[0]) for p in panels)
+        fig, axes = self.plt.subplots(1, len(panels), squeeze=False, layout="constrained",
+                                      figsize=figure_size(7.5 * len(panels), 4.5,
+                                                          (entries + len(panels) - 1)
+                                                          // len(panels) * 2))
         for ax, (series, label, ylabel) in zip(axes[0], panels):
-            style = "--" if label.startswith("projected") else "-"
+            dashed = label.startswith("projected")
             for r, xs, ys in series:
-                name = f"{r.name} (projected)" if style == "--" else r.name
-                ax.plot(xs, ys, style, label=name, color=self.colors[r.path], lw=1.4,
-                        marker="o" if len(xs) <= 20 else None, ms=3)
+                name = wrap_label(r.name) + (" (projected)" if dashed else "")
+                self.draw(ax, r, xs, ys, name, dashed=dashed)
             ax.set_xlabel(X_LABELS[x])
             ax.set_ylabel(ylabel)
             ax.set_title(f"throughput, {label}", fontsize=10)
             ax.grid(alpha=0.3)
-            ax.legend(fontsize="small")
+        legend_below(fig, entries, ncol=len(panels) if entries > 3 else None)
         title = f"Throughput — {title_suffix([s[0] for p in panels for s in p[0]])}"
         fig.suptitle(wrap_title(title, 70 * len(panels)), fontsize=11)
         self.save(fig, file, title)
@@ -262,20 +303,21 @@ class Plotter:
             return
         import numpy as np
 
-        fig, ax = self.plt.subplots(figsize=(max(6.0, 1.2 * len(runs) + 3), 4.5))
-        bottom = np.zeros(len(runs))
+        # One horizontal bar per run: its name (wrapped) beside the bar, never rotated
+        # past the figure's edge; the legend below the axes.
+        fig, ax = self.plt.subplots(figsize=(7.5, 2.0 + 0.55 * len(runs)), layout="constrained")
+        left = np.zeros(len(runs))
+        rows = np.arange(len(runs))[::-1]  # the first run on top, as in the table
         for key, label in parts:
             vals = np.array([(r.mean(key) or 0.0) * 1e3 for r in runs])
-            ax.bar(range(len(runs)), vals, bottom=bottom, label=label)
-            bottom += vals
-        ax.set_xticks(range(len(runs)), [r.name for r in runs], rotation=20, ha="right",
-                      fontsize="small")
-        ax.set_ylabel("mean time per step (ms)")
+            ax.barh(rows, vals, left=left, label=label)
+            left += vals
+        ax.set_yticks(rows, [wrap_label(r.name, 40) for r in runs], fontsize="small")
+        ax.set_xlabel("mean time per step (ms)")
         title = f"Step time breakdown (measured) — {title_suffix(runs)}"
-        ax.set_title(wrap_title(title), fontsize=10)
-        ax.set_ylim(0, bottom.max() * 1.3 if bottom.max() > 0 else 1.0)  # room for the legend
-        ax.grid(alpha=0.3, axis="y")
-        ax.legend(fontsize="small", ncol=3, loc="upper center")
+        ax.set_title(wrap_title(title, 70), fontsize=10)
+        ax.grid(alpha=0.3, axis="x")
+        legend_below(fig, len(parts), ncol=3)
         self.save(fig, file, title)
 
 
@@ -318,9 +360,21 @@ def write_csv(path: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) 
     write_file(path, write)
 
 
-def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Sequence[Sequence[Any]],
-               plotter: Plotter) -> None:
+def html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) else "num"}">'
+                                    f"{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
+    return f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table></div>'
+
+
+def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Sequence[Sequence[Any]],
+               plotter: Plotter, seeds: tuple[list[str], list[list[Any]]] | None = None,
+               warnings: Sequence[str] = ()) -> None:
+    e = html.escape
+    extra = "".join(f"<p><strong>{e(w)}</strong></p>\n" for w in warnings)
+    if seeds is not None and seeds[1]:
+        extra += "<h2>Over seeds (mean ± std)</h2>\n" + html_table(*seeds) + "\n"
     head = "".join(f"<th>{e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) else "num"}">'
                                     f"{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
@@ -351,7 +405,7 @@ img {{ display: block; max-width: 100%; height: auto; }}
 logged steps; "projected" values come from the cost model, not from a measurement.</p>
 <div class="table"><table><thead><tr>{head}</tr></thead><tbody>
 {body}</tbody></table></div>
-{figures}{skipped}
+{extra}{figures}{skipped}
 <h2>Runs</h2><ul>{sources}</ul>
 </body></html>
 """
@@ -359,9 +413,81 @@ logged steps; "projected" values come from the cost model, not from a measuremen
 
 
 def default_out(runs: Sequence[Run]) -> str:
-    """Where a comparison goes when no --out is given: compare-<time>/ inside the first
-    run's directory (next to what it compares, never the current directory)."""
-    return os.path.join(runs[0].path, f"compare-{time.strftime('%Y%m%d-%H%M%S')}")
+    """Where a comparison goes when no --out is given: compare/<time>/ beside the runs'
+    folders, in their group (runs/<group>/compare/...; runs of several groups: the folder
+    above them), never inside a run folder that `repro train --restart` deletes."""
+    from repro.config import COMPARE_FOLDER
+
+    parents = [os.path.dirname(os.path.abspath(os.path.normpath(r.path))) for r in runs]
+    base = os.path.commonpath(parents)
+    if len(set(parents)) > 1 and base in parents:  # a run's own folder holds the others
+        base = os.path.dirname(base)
+    return os.path.join(base, COMPARE_FOLDER, time.strftime("%Y%m%d-%H%M%S"))
+
+
+# What may differ between the runs of one config repeated over seeds.
+SEED_FREE = ("seed", "name", "run_dir", "runs_root", "group")
+
+
+def seed_groups(runs: Sequence[Run]) -> list[list[Run]]:
+    """The runs in groups of the same config but for the seed (and where they live, how
+    they are shown: repro.launch.RESULT_NEUTRAL_KEYS), in first-seen order; only groups
+    of two or more runs."""
+    from repro.launch import RESULT_NEUTRAL_KEYS, flatten_config
+
+    def key(r: Run) -> str:
+        flat = flatten_config(r.config)
+        skip = (*SEED_FREE, *RESULT_NEUTRAL_KEYS)
+        return repr(sorted((k, repr(v)) for k, v in flat.items()
+                           if not any(k == s or k.startswith(s + ".") for s in skip)))
+
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(key(r), []).append(r)
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def mean_std(values: Sequence[float | None]) -> str:
+    """"mean ± std (n)" of the values that are numbers (std over the runs, n − 1)."""
+    import statistics
+
+    nums = [float(v) for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if not nums:
+        return "—"
+    if len(nums) == 1:
+        return f"{fmt(nums[0])} (n=1)"
+    return f"{fmt(statistics.fmean(nums))} ± {fmt(statistics.stdev(nums), '.2g')} (n={len(nums)})"
+
+
+def seed_rows(runs: Sequence[Run]) -> tuple[list[str], list[list[Any]]]:
+    """One row per config run with several seeds: mean ± std over its seeds of the final
+    loss, the best quality metric and the throughput."""
+    headers = ["config (runs)", "seeds", "final loss", "best eval metric", "samples/s"]
+    rows = []
+    for group in seed_groups(runs):
+        label = f"{group[0].name} + {len(group) - 1} more"
+        seeds = ", ".join(str(r.cfg("seed")) for r in group)
+        rows.append([label, seeds, mean_std([r.last("loss") for r in group]),
+                     mean_std([best_and_target(r)[0] for r in group]),
+                     mean_std([r.throughput().samples_per_s for r in group])])
+    return headers, rows
+
+
+# Settings that make throughputs (and the time axes) of runs incomparable.
+COMPARABILITY = (("cluster.workers", "workers"), ("cluster.mode", "mode"),
+                 ("cluster.network", "network"), ("cluster.device", "device"))
+
+
+def comparability_warnings(runs: Sequence[Run]) -> list[str]:
+    """A warning for each setting the runs differ in that makes their throughputs and
+    times not comparable (workers, launch mode, network, device)."""
+    out = []
+    for key, what in COMPARABILITY:
+        values = {str(r.cfg(key)) for r in runs if r.cfg(key) is not None}
+        if len(values) > 1:
+            out.append(f"warning: the runs differ in {what} ({key}: {', '.join(sorted(values))}): "
+                       "their samples/s and wall times are not comparable")
+    return out
 
 
 def compare(paths: Sequence[str], out: str | None = None, x: str = "step", stream=None,
@@ -372,16 +498,38 @@ def compare(paths: Sequence[str], out: str | None = None, x: str = "step", strea
     if x not in X_LABELS:
         raise ValueError(f"x={x!r} is not allowed; choose step or time")
     stream = sys.stdout if stream is None else stream
-    runs = load_runs(paths)
+    notes: list[str] = []
+    runs = load_runs(paths, notes=notes)
+    for note in notes:
+        print(note, file=stream)
     keys = selected_keys(runs, metrics)
     out = out or default_out(runs)
     os.makedirs(out, exist_ok=True)
+    mark_compare_folder(out)
     headers, rows = table_rows(runs, keys)
     print(format_table(headers, rows), file=stream)
+    seeds = seed_rows(runs)
+    if seeds[1]:
+        print("\nover seeds (mean ± std):", file=stream)
+        print(format_table(*seeds), file=stream)
+        write_csv(os.path.join(out, "seeds.csv"), *seeds)
+    warnings = comparability_warnings(runs)
+    for w in warnings:
+        print(w, file=stream)
     plotter = make_plots(runs, out, x, keys)
     for s in plotter.skipped:
         print(f"skipped {s}", file=stream)
     write_csv(os.path.join(out, "table.csv"), headers, rows)
-    write_html(os.path.join(out, "index.html"), runs, headers, rows, plotter)
+    write_html(os.path.join(out, "index.html"), runs, headers, rows, plotter, seeds=seeds,
+               warnings=warnings)
     print(f"wrote {len(plotter.plots)} plots, table.csv and index.html to {out}", file=stream)
     return out
+
+
+def mark_compare_folder(out: str) -> None:
+    """Mark `out` as a comparison (repro.runs.load_runs passes over it in runs/<group>/*)."""
+    from repro.runs import COMPARE_MARKER
+
+    marker = os.path.join(out, COMPARE_MARKER)
+    if not os.path.exists(marker):
+        write_text(marker, "written by repro compare\n")

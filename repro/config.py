@@ -165,7 +165,14 @@ class ClusterConfig:
 @dataclass
 class LoggerConfig:
     wandb: bool = True
-    project: str = "gradcomp-repro"
+    # W&B's project, entity, notes (null: WANDB_PROJECT, WANDB_ENTITY, WANDB_NOTES, else
+    # the project "gradcomp-repro"), tags added to the run's own (and WANDB_TAGS), and its
+    # group (null: the run's group=, or for a sweep without one the sweep's command).
+    project: Optional[str] = None
+    entity: Optional[str] = None
+    tags: list[str] = field(default_factory=list)
+    notes: Optional[str] = None
+    group: Optional[str] = None
     log_every: int = 1
     nmse: bool = False  # exact-average NMSE: one extra dense allreduce on log steps
     progress: bool = True
@@ -226,11 +233,17 @@ def check_path_component(key: str, value: Any) -> None:
                          "runs elsewhere set runs_root")
 
 
+COMPARE_FOLDER = "compare"  # runs/<group>/compare/: where `repro compare` writes
+
+
 def check_run_names(cfg: DictConfig) -> None:
     """group and name are single folder names, and the run folder lies inside runs_root."""
     check_path_component("group", cfg.group)
     if cfg.name is not None:
         check_path_component("name", cfg.name)
+        if str(cfg.name) == COMPARE_FOLDER:
+            raise ValueError(f"name={COMPARE_FOLDER} is the folder `repro compare` writes into "
+                             "beside a group's runs; choose another name")
     root = os.path.normpath(os.path.abspath(str(cfg.runs_root)))
     run_dir = os.path.normpath(os.path.abspath(resolve_run_dir(cfg)))
     if os.path.commonpath([root, run_dir]) != root or run_dir == root:
@@ -248,9 +261,34 @@ def check_at_least(key: str, value: Any, low: int) -> None:
         raise ValueError(f"{key}={value} must be ≥ {low}")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Everything that can be checked before any worker starts. Raises ValueError /
-    FileNotFoundError naming the key and the allowed values."""
+def check_device(cfg: DictConfig) -> None:
+    """cluster.device names a device this machine has (run where the run trains: here,
+    or inside its submitted job)."""
+    if cfg.cluster.device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"cluster.device={cfg.cluster.device!r} but no CUDA device is present; use cluster.device=cpu")
+
+
+def check_extras(cfg: DictConfig) -> None:
+    """The optional packages the run's task needs are installed (transformers for the
+    transformer tasks, datasets for task.data=hf): else one line naming the extra."""
+    import tasks
+    from tasks.base import missing_extras
+
+    missing = missing_extras(tasks.get_task_class(cfg.task.name), cfg.task.data)
+    if missing:
+        module, extra, why = missing[0]
+        raise ValueError(f"task={cfg.task.name}{why} needs the `{module}` package, which is not "
+                         f"installed: pip install -e \".[{extra}]\" (nothing was created)")
+
+
+def validate(cfg: DictConfig, device: bool = True):
+    """Everything that can be checked before any worker starts; the task, as built for
+    the check. Raises ValueError / FileNotFoundError naming the key and the allowed
+    values. device=False leaves the device check to where the run trains (a job
+    submitted from a login node)."""
     import compressors
     from compressors.base import resolve_scope
 
@@ -311,11 +349,8 @@ def validate(cfg: DictConfig) -> None:
         raise ValueError(f"checkpoint_every_s={cfg.checkpoint_every_s} must be a number of "
                          "seconds >= 0 (0: no checkpoints by time)")
     check_run_names(cfg)
-    if cfg.cluster.device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ValueError(f"cluster.device={cfg.cluster.device!r} but no CUDA device is present; use cluster.device=cpu")
+    if device:
+        check_device(cfg)
     if cfg.cluster.mode in ("simulated", "replicas") and c.granularity == "bucket":
         raise ValueError("compressor.granularity=bucket needs DDP's buckets, which simulated "
                          "workers do not have; use compressor.granularity=layer or a real-rank "
@@ -363,6 +398,7 @@ def validate(cfg: DictConfig) -> None:
     import tasks
 
     check_choice("task.name", cfg.task.name, tasks.list_tasks())
+    check_extras(cfg)
     if cfg.task.data == "canonical" and cfg.task.data_root and not os.path.exists(cfg.task.data_root):
         raise FileNotFoundError(
             f"task.data_root={cfg.task.data_root!r} does not exist; point it at the "
@@ -387,6 +423,29 @@ def validate(cfg: DictConfig) -> None:
     except ValueError as exc:
         raise ValueError(f"task={cfg.task.name}: {exc}") from None
     training_plan(cfg, compressor, task.hparams)  # momentum and clipping agree
+    return task
+
+
+def paper_schedule_note(cfg: DictConfig, task) -> str | None:
+    """For task.size=paper, a warning when `steps` ends before the paper's schedule does:
+    its epochs at this run's workers and batch size, and where its warm-up ends."""
+    if cfg.task.size != "paper":
+        return None
+    h = task.hparams
+    try:
+        per_epoch = task.steps_per_epoch(cfg.cluster.workers)
+    except ValueError:
+        return None
+    total = int(float(h.get("epochs", 0) or 0) * per_epoch)
+    warmup = int(h.get("warmup_steps") or round(float(h.get("warmup_epochs", 0) or 0) * per_epoch))
+    if not total or cfg.steps >= total:
+        return None
+    where = (f"inside its {warmup}-step learning-rate warm-up" if cfg.steps < warmup
+             else f"at {100 * cfg.steps / total:.1f}% of it")
+    return (f"task={cfg.task.name} task.size=paper: the paper's schedule is {h.get('epochs')} "
+            f"epochs = {total} steps at {cfg.cluster.workers} workers × batch "
+            f"{h.get('batch_size')}; steps={cfg.steps} ends {where} (set steps={total} to "
+            "train all of it)")
 
 
 @dataclass(frozen=True)
@@ -519,7 +578,11 @@ def check_network(cluster) -> None:
     netem.check_available(latency=cluster.latency_ms > 0)
 
 
-def run_name(cfg: DictConfig) -> str:
+def run_name(cfg: DictConfig, key: str | None = None) -> str:
+    """The run's folder name: `name=` where given, else its compressor, ratio, workers,
+    mode, link, task, size and seed, then `key` (repro.launch.settings_key: a short hash
+    of every other setting that differs from the defaults), so that each distinct
+    config has its own folder."""
     if cfg.name:
         return str(cfg.name)
     parts = [cfg.compressor.name]
@@ -532,6 +595,8 @@ def run_name(cfg: DictConfig) -> str:
         link = f"emu{cfg.cluster.bandwidth_gbps:g}g"
         parts.append(link + (f"{cfg.cluster.latency_ms:g}ms" if cfg.cluster.latency_ms else ""))
     parts += [cfg.task.name, cfg.task.size, f"s{cfg.seed}"]
+    if key:
+        parts.append(key)
     return "-".join(str(p) for p in parts).replace("/", "_")
 
 

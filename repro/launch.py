@@ -4,18 +4,26 @@ read that file. No @hydra.main anywhere near the workers (lightning-hydra-templa
 hydra #2070: ranks racing on output folders and re-running sweeps).
 
 Sweeps: `repro train -m compressor=topk,dgc compressor.ratio=0.01,0.001` expands every
-comma list (Hydra's own override grammar) into the cartesian product. A run directory is
-named after a few config values only, so a run is keyed on its whole resolved config: a
-run whose directory holds the same config.yaml is skipped when DONE and resumed from its
-last checkpoint otherwise (re-running a sweep finishes only what is missing); a run whose
-directory holds a different config.yaml is refused before anything starts, naming every
-differing key, unless the caller asked to restart it.
+comma list (Hydra's own override grammar, `glob()` over a config group's options
+included) into the cartesian product. A run is keyed on its whole resolved config: its
+folder is a readable name (compressor, ratio, workers, mode, task, size, seed) and a short
+hash of every other setting that differs from the defaults (`settings_key`), so distinct
+configs never share a folder. A run whose directory holds the same config.yaml is skipped
+when DONE and resumed from its last checkpoint otherwise (re-running a sweep finishes only
+what is missing); one whose config differs only by more `steps` is extended from its last
+checkpoint; one whose directory holds another config (a fixed name= or run_dir=, fewer
+steps) is refused before anything starts, naming every differing key, unless the caller
+asked to restart it. A run that fails is recorded as failed or diverged (repro.sweep) and,
+with keep_going, the rest of the sweep runs.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -58,6 +66,26 @@ def _hydra_compose(overrides: list[str]) -> DictConfig:
         return hydra_compose(config_name="config", overrides=list(overrides))
 
 
+def hydra_config(overrides: list[str]) -> DictConfig:
+    """Hydra's own config for these overrides (`repro train --cfg hydra`, `--info`)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from repro import cluster
+
+    run, launcher = cluster.split_overrides(prepare_overrides(list(overrides)))
+    if launcher:
+        cluster.launcher_config(launcher)  # registers the submitit configs, checks them
+    _register_schema()
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        try:
+            return hydra_compose(config_name="config", overrides=[*run, *launcher],
+                                 return_hydra_config=True)
+        except Exception as exc:  # noqa: BLE001 - compose() names the problem
+            compose(run)
+            raise ValueError(f"bad config: {_first_line(exc)}") from None
+
+
 def compose(overrides: list[str]) -> DictConfig:
     """The resolved config for one run (struct mode: an unknown key is an error). Errors
     are ValueErrors that name the key and the allowed keys or options."""
@@ -65,7 +93,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        return _hydra_compose(overrides)
+        cfg = _hydra_compose(overrides)
     except ConfigCompositionException as exc:
         if type(exc).__name__ == "MissingConfigException":
             raise ValueError(_missing_option(str(exc))) from None
@@ -82,6 +110,34 @@ def compose(overrides: list[str]) -> DictConfig:
         if name == "OverrideParseException":
             raise ValueError(f"bad override: {_first_line(exc)}") from None
         raise
+    unknown = unknown_keys(cfg)
+    if unknown:
+        raise ValueError(_unknown_key(unknown[0], overrides))
+    return cfg
+
+
+# Mappings whose keys the schema leaves open: validate checks them against the compressor's
+# parameters and the task's hyper-parameters, naming the allowed ones.
+OPEN_MAPPINGS = ("compressor.params", "task.hparams")
+
+
+def unknown_keys(cfg: DictConfig) -> list[str]:
+    """The keys of a composed config that the schema does not have (added with `+key=`),
+    dotted; the open mappings (OPEN_MAPPINGS) are checked by repro.config.validate."""
+    found: list[str] = []
+
+    def walk(node: Any, schema_node: Any, prefix: str) -> None:
+        for key in node:
+            dotted = f"{prefix}{key}"
+            if dotted in OPEN_MAPPINGS:
+                continue
+            if key not in schema_node:
+                found.append(dotted)
+            elif isinstance(node[key], DictConfig) and isinstance(schema_node[key], DictConfig):
+                walk(node[key], schema_node[key], dotted + ".")
+
+    walk(cfg, config_mod.schema(), "")
+    return found
 
 
 def _first_line(exc: BaseException) -> str:
@@ -92,9 +148,13 @@ def _key_error(full_key: str, cause: BaseException, overrides: list[str]) -> str
     """'compressor.ratoi is not a config key; allowed keys under compressor: ...'."""
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-    parent, _, leaf = full_key.rpartition(".")
     if not isinstance(cause, (ConfigAttributeError, ConfigKeyError)):  # e.g. a bad type
         return f"{full_key}: {_first_line(cause)}"
+    return _unknown_key(full_key, overrides)
+
+
+def _unknown_key(full_key: str, overrides: list[str]) -> str:
+    parent, _, leaf = full_key.rpartition(".")
     if parent == "compressor.params":
         import compressors
 
@@ -138,29 +198,106 @@ def _missing_option(message: str) -> str:
     return f"{group}={choice}: no such option; choose one of: {', '.join(names)}"
 
 
-def expand_sweep(overrides: list[str]) -> list[list[str]]:
-    """Cartesian product of comma-list overrides, as Hydra's basic sweeper does."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
+CONFIG_GROUPS = ("compressor", "task", "cluster", "logger", "experiment")
 
-    parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+
+def group_options(group: str) -> list[str]:
+    """The options of a config group: conf/<group>/*.yaml, sorted."""
+    folder = Path(conf_dir()) / group
+    return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def expand_sweep(overrides: list[str]) -> list[list[str]]:
+    """Cartesian product of comma-list overrides, as Hydra's basic sweeper does;
+    `glob(PATTERN)` (and glob(include, exclude=...)) on a config group takes the group's
+    matching options."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import Glob
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except Exception as exc:  # noqa: BLE001 - Hydra's grammar error, one line
+        raise ValueError(f"bad override: {_first_line(exc)}") from None
     axes = []
     for o in parsed:
-        if o.is_sweep_override():
-            key = o.get_key_element()
+        key = o.get_key_element()
+        if isinstance(o.value(), Glob):
+            group = key.lstrip("+~")
+            if group not in CONFIG_GROUPS:
+                raise ValueError(f"{o.input_line}: glob() selects the options of a config group "
+                                 f"({', '.join(CONFIG_GROUPS)}); {group} is not one: give its "
+                                 "values as a comma list")
+            chosen = o.value().filter(group_options(group))
+            if not chosen:
+                raise ValueError(f"{o.input_line} matches none of the {group} options: "
+                                 f"{', '.join(group_options(group))}")
+            axes.append([f"{key}={v}" for v in chosen])
+        elif o.is_sweep_override():
             axes.append([f"{key}={v}" for v in o.sweep_string_iterator()])
         else:
             axes.append([o.input_line])
     return [list(combo) for combo in itertools.product(*axes)] if axes else [[]]
 
 
+def _override_value(value: Any) -> str:
+    """A value as Hydra's override grammar reads it back."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_override_value(v) for v in value) + "]"
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def prepare_overrides(overrides: list[str]) -> list[str]:
+    """The command's overrides as compose() takes them: Hydra's output folders refused
+    with the reason (this suite keeps runs in runs_root/group/name), and `~key` on a
+    setting of the schema (which cannot lose a key) read as that setting's default, what
+    a run that lacks it gets; `~group` and `~key` inside the open mappings are Hydra's."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for o in overrides:
+        key = o.split("=", 1)[0].lstrip("+~")
+        if key == "hydra" or key.startswith(("hydra.", "hydra/")):
+            if key.startswith(("hydra.run", "hydra.sweep", "hydra.job", "hydra.output")):
+                raise ValueError(
+                    f"{o}: Hydra's output folders are not used: each run's folder is "
+                    "runs_root/group/<run name> (runs/<group>/...), written by the launcher, "
+                    "never Hydra's working directory; set runs_root=DIR, group=NAME or "
+                    "name=NAME instead")
+            raise ValueError(f"{o}: of Hydra's own settings only hydra/launcher=... and "
+                             "hydra.launcher.* (a submitit sweep) are used here")
+        if o.startswith("~") and not any(key == m or key.startswith(m + ".")
+                                         for m in OPEN_MAPPINGS):
+            default = OmegaConf.select(config_mod.schema(), key, default="\0missing")
+            if not OmegaConf.is_config(default) and default != "\0missing":
+                out.append(f"{key}={_override_value(default)}")
+                continue
+        out.append(o)
+    return out
+
+
 # Config keys that cannot change a run's results, left out when a run's config is compared
 # with the config.yaml already in its directory: where the run lives (run_dir, runs_root;
 # moving or copying a runs folder must not invalidate its runs), how progress is shown
-# or mirrored (the progress bar, W&B logging and its project) and how often checkpoints
-# are written and kept (a resumed run equals an uninterrupted one), none of which touches
-# the training itself or the local metrics.jsonl / summary.json.
+# or mirrored (the progress bar, W&B logging and its project, entity, tags, notes, group)
+# and how often checkpoints are written and kept (a resumed run equals an uninterrupted
+# one), none of which touches the training itself or the local metrics.jsonl / summary.json.
 RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project",
+                       "logger.entity", "logger.tags", "logger.notes", "logger.group",
                        "checkpoint_every", "checkpoint_every_s", "keep_checkpoints")
+
+# What the readable part of a run's folder name says (repro.config.run_name), and what
+# does not key the folder at all: its own name and group, and its length in steps (a run
+# given more steps is the same run, extended).
+NAME_KEYS = ("compressor.name", "compressor.ratio", "comm_hook", "cluster.workers",
+             "cluster.mode", "task.name", "task.size", "seed")
+EMULATED_NAME_KEYS = ("cluster.network", "cluster.bandwidth_gbps", "cluster.latency_ms")
+UNKEYED = ("steps", "name", "group")
 
 ON_CHANGE = ("refuse", "restart")
 
@@ -190,6 +327,13 @@ class Planned:
     changes: list[Change] = field(default_factory=list)
     # Why a run marked DONE cannot be trusted (its summary.json is missing or unreadable).
     broken: str | None = None
+    # The steps of the run in run_dir when this one only adds steps to it (it is extended
+    # from its last checkpoint), else None.
+    extend_from: int | None = None
+    # RUN_DIR/FAILED of an earlier attempt (repro.sweep), if any.
+    failure: dict[str, Any] | None = None
+    # What made this launch of the run (repro.provenance), written with its config.
+    provenance: dict[str, Any] | None = None
 
 
 def _show(value: Any) -> str:
@@ -210,13 +354,13 @@ def _neutral(key: str) -> bool:
     return any(key == k or key.startswith(k + ".") for k in RESULT_NEUTRAL_KEYS)
 
 
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
     """Dotted key -> leaf value; lists are leaves, an empty mapping contributes nothing."""
     if not isinstance(node, dict):
         return {prefix: node}
     flat: dict[str, Any] = {}
     for key, value in node.items():
-        flat.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        flat.update(flatten_config(value, f"{prefix}.{key}" if prefix else str(key)))
     return flat
 
 
@@ -229,20 +373,24 @@ def _as_saved(cfg: DictConfig) -> dict[str, Any]:
     return OmegaConf.to_container(OmegaConf.create(text), resolve=True) or {}
 
 
-def config_changes(cfg: DictConfig, saved_path: str) -> list[Change]:
-    """Every key (dotted) whose value in `cfg` differs from the config at saved_path,
-    RESULT_NEUTRAL_KEYS excepted; a key present on one side only (a config.yaml written by
-    an older or newer schema) is a change, to or from ABSENT. No file: no changes."""
+def config_changes(cfg: DictConfig, saved_path: str | None,
+                   saved: dict[str, Any] | None = None) -> list[Change]:
+    """Every key (dotted) whose value in `cfg` differs from the config at saved_path (or
+    `saved`), RESULT_NEUTRAL_KEYS excepted; a key present on one side only (a config.yaml
+    written by an older or newer schema) is a change, to or from ABSENT. No file: no
+    changes."""
     from omegaconf import OmegaConf
 
-    if not os.path.exists(saved_path):
-        return []
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
-    except Exception as exc:  # noqa: BLE001 - a torn or hand-edited file is a change
-        return [Change("config.yaml", f"unreadable ({_first_line(exc)})", "this run's config")]
-    old = _flatten(saved if isinstance(saved, dict) else {})
-    new = _flatten(_as_saved(cfg))
+    if saved is None:
+        if saved_path is None or not os.path.exists(saved_path):
+            return []
+        try:
+            saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
+        except Exception as exc:  # noqa: BLE001 - a torn or hand-edited file is a change
+            return [Change("config.yaml", f"unreadable ({_first_line(exc)})",
+                           "this run's config")]
+    old = flatten_config(saved if isinstance(saved, dict) else {})
+    new = flatten_config(_as_saved(cfg))
     keys = list(new) + [k for k in old if k not in new]
     return [Change(k, old.get(k, ABSENT), new.get(k, ABSENT))
             for k in keys if not _neutral(k) and old.get(k, ABSENT) != new.get(k, ABSENT)]
@@ -262,25 +410,115 @@ def _changed_message(changed: list[Planned]) -> str:
     return "\n".join(lines)
 
 
-def plan(overrides: list[str], multirun: bool, on_change: str = "refuse") -> list[Planned]:
+@functools.lru_cache(maxsize=64)
+def _defaults_of(compressor: str, task: str) -> str:
+    """The flattened config of the defaults with this compressor and task (JSON), what a
+    run's settings key is measured against."""
+    try:
+        cfg = _hydra_compose([f"compressor={compressor}", f"task={task}"])
+    except Exception:  # noqa: BLE001 - a name without its own file: the plain defaults
+        cfg = _hydra_compose([])
+    return json.dumps(flatten_config(_as_saved(cfg)), default=str)
+
+
+def settings_key(cfg: DictConfig) -> str | None:
+    """A short hash (6 hex digits) of the run's settings that differ from the defaults of
+    its compressor and task and that its readable name does not show (NAME_KEYS), or None
+    when there are none; result-neutral keys, steps, name and group do not count."""
+    base = json.loads(_defaults_of(str(cfg.compressor.name), str(cfg.task.name)))
+    new = flatten_config(_as_saved(cfg))
+    shown = NAME_KEYS + (EMULATED_NAME_KEYS if cfg.cluster.network == "emulated" else ())
+    skip = RESULT_NEUTRAL_KEYS + shown + UNKEYED
+    diff = sorted((k, new.get(k, ABSENT)) for k in set(new) | set(base)
+                  if not any(k == s or k.startswith(s + ".") for s in skip)
+                  and new.get(k, ABSENT) != base.get(k, ABSENT))
+    if not diff:
+        return None
+    return hashlib.sha256(json.dumps(diff, default=str).encode()).hexdigest()[:6]
+
+
+def _takes_ratio(name: str) -> bool:
+    import compressors
+
+    return name in compressors.list_compressors() and "ratio" in compressors.default_params(name)
+
+
+def _ratio_where_it_applies(composed: list[tuple[list[str], DictConfig]],
+                            notes: list[str]) -> None:
+    """In a sweep over compressors that take a ratio and ones that do not, the ratio goes
+    to the first only: the others' runs get none (so their names carry none), said once."""
+    takes = {str(cfg.compressor.name): _takes_ratio(str(cfg.compressor.name))
+             for _, cfg in composed}
+    if not any(takes.values()):
+        return
+    dropped = sorted({str(cfg.compressor.name) for _, cfg in composed
+                      if cfg.compressor.ratio is not None and takes[str(cfg.compressor.name)]
+                      is False})
+    if not dropped:
+        return
+    for _, cfg in composed:
+        if takes[str(cfg.compressor.name)] is False:
+            cfg.compressor.ratio = None
+    with_ratio = sorted(n for n, t in takes.items() if t)
+    one = len(dropped) == 1
+    notes.append(f"compressor.ratio applies to {', '.join(with_ratio)}; "
+                 f"{', '.join(dropped)} take{'s' if one else ''} no ratio and "
+                 f"run{'s' if one else ''} without one")
+
+
+def _same_dir_message(a: Planned, b: Planned) -> str:
+    changes = [c for c in config_changes(a.cfg, None, saved=_as_saved(b.cfg))
+               if c.key != "run_dir"]
+    differ = "; ".join(str(c) for c in changes[:4]) or "nothing but result-neutral keys"
+    return (f"two runs of this sweep map to the same run directory {a.run_dir}: "
+            f"[{' '.join(b.overrides)}] and [{' '.join(a.overrides)}], which differ in "
+            f"{differ}; a fixed name= or run_dir= gives every run of a sweep one folder: drop "
+            "it (each run then gets its own), or sweep group= instead")
+
+
+def plan(overrides: list[str], multirun: bool, on_change: str = "refuse",
+         notes: list[str] | None = None, device: bool = True) -> list[Planned]:
     """Compose and validate every run of the (sweep) command before any starts, and
     compare each with the config.yaml already in its run directory. on_change="refuse"
     raises a ValueError naming every changed run, key, old and new value;
     on_change="restart" returns the changed runs as not done, with their `changes`, for
-    the caller to discard (see discard) and run afresh."""
+    the caller to discard (see discard) and run afresh. A run that only adds steps to
+    the run in its directory is planned as its extension (`extend_from`). What the plan
+    decided for the whole sweep (a ratio that applies to some compressors only, runs that
+    come out the same, a paper-size run shorter than the paper's schedule) is appended to
+    `notes`, once. device=False leaves the device check to the job (a submitted sweep)."""
     if on_change not in ON_CHANGE:
         raise ValueError(f"on_change={on_change!r}; choose one of: {', '.join(ON_CHANGE)}")
+    notes = [] if notes is None else notes
+    overrides = prepare_overrides(list(overrides))
     combos = expand_sweep(overrides) if multirun else [list(overrides)]
-    planned = []
-    for combo in combos:
-        cfg = compose(combo)
-        config_mod.validate(cfg)
-        run_dir = config_mod.resolve_run_dir(cfg)
-        cfg.run_dir = run_dir
-        planned.append(_refresh(Planned(combo, cfg, run_dir, False)))
-    dirs = [p.run_dir for p in planned]
-    if len(set(dirs)) != len(dirs):
-        raise ValueError("two runs of this sweep map to the same run directory; set name= or group=")
+    composed = [(combo, compose(combo)) for combo in combos]
+    if multirun:
+        _ratio_where_it_applies(composed, notes)
+    planned: list[Planned] = []
+    by_dir: dict[str, Planned] = {}
+    repeated = 0
+    schedule_notes: dict[str, None] = {}
+    for combo, cfg in composed:
+        task = config_mod.validate(cfg, device=device)
+        note = config_mod.paper_schedule_note(cfg, task)
+        if note is not None:
+            schedule_notes[note] = None
+        if not cfg.run_dir:
+            cfg.run_dir = os.path.join(str(cfg.runs_root), str(cfg.group),
+                                       config_mod.run_name(cfg, settings_key(cfg)))
+        p = Planned(combo, cfg, str(cfg.run_dir), False)
+        twin = by_dir.get(p.run_dir)
+        if twin is not None:
+            if not config_changes(cfg, None, saved=_as_saved(twin.cfg)):
+                repeated += 1  # the same run twice (e.g. a ratio dropped): run once
+                continue
+            raise ValueError(_same_dir_message(p, twin))
+        by_dir[p.run_dir] = p
+        planned.append(_refresh(p))
+    if repeated:
+        notes.append(f"{repeated} run(s) of the sweep came out the same as another and run once")
+    notes += list(schedule_notes)
     changed = [p for p in planned if p.changes]
     if changed and on_change == "refuse":
         raise ValueError(_changed_message(changed))
@@ -291,10 +529,18 @@ def plan(overrides: list[str], multirun: bool, on_change: str = "refuse") -> lis
 
 
 def _refresh(p: Planned) -> Planned:
-    """p's done, changes and broken from what its run directory holds now."""
+    """p's done, changes, extension, failure and broken from what its run directory holds
+    now."""
+    from repro import sweep
+
     p.changes = config_changes(p.cfg, os.path.join(p.run_dir, "config.yaml"))
+    p.extend_from = _grown_steps(p.changes)
+    if p.extend_from is not None:
+        p.changes = []
     p.broken = None
-    p.done = os.path.exists(os.path.join(p.run_dir, "DONE")) and not p.changes
+    p.failure = sweep.read_failure(p.run_dir)
+    p.done = (os.path.exists(os.path.join(p.run_dir, "DONE")) and not p.changes
+              and p.extend_from is None)
     if p.done:
         from repro.logging import read_summary
 
@@ -305,6 +551,16 @@ def _refresh(p: Planned) -> Planned:
             p.broken = str(exc)
         p.done = p.broken is None
     return p
+
+
+def _grown_steps(changes: list[Change]) -> int | None:
+    """The saved run's steps when `steps` grew and nothing else changed, else None."""
+    if len(changes) != 1 or changes[0].key != "steps":
+        return None
+    old, new = changes[0].old, changes[0].new
+    if isinstance(old, int) and isinstance(new, int) and new > old:
+        return old
+    return None
 
 
 def _broken_message(broken: list[Planned]) -> str:
@@ -337,6 +593,13 @@ def status(p: Planned, dry_run: bool = False, restart: bool = False) -> str:
         return "config changed, " + ("would restart" if dry_run else "restarting")
     if p.broken:
         return "summary unreadable, " + ("would restart" if dry_run else "restarting")
+    if p.extend_from is not None and not restart:
+        from repro import checkpoints
+
+        newest = checkpoints.newest_step(os.path.join(p.run_dir, "checkpoints"))
+        where = f"from step {newest}" if newest else "from step 0: no checkpoint"
+        return (f"{'would extend' if dry_run else 'extending'} {p.extend_from} -> "
+                f"{p.cfg.steps} steps, {where}")
     if restart and os.path.exists(os.path.join(p.run_dir, "config.yaml")):
         return "would restart" if dry_run else "restarting"
     return "would run" if dry_run else "running"
@@ -349,6 +612,14 @@ def launch(p: Planned) -> None:
     run_prepared(p.run_dir, p.cfg)
 
 
+def _add_provenance(p: Planned) -> None:
+    if p.provenance is not None:
+        from repro import provenance
+
+        provenance.add(p.run_dir, p.provenance)
+        p.provenance = None
+
+
 def prepare(p: Planned) -> None:
     """Write the run's config.yaml into its directory (refusing a directory that holds a
     different config): what a run, started here or in a submitted job, reads."""
@@ -356,10 +627,21 @@ def prepare(p: Planned) -> None:
 
     cfg_path = os.path.join(p.run_dir, "config.yaml")
     changes = config_changes(p.cfg, cfg_path)
-    if changes:
+    if changes and _grown_steps(changes) is None:
         raise ValueError(_changed_message([Planned(p.overrides, p.cfg, p.run_dir, False, changes)]))
     os.makedirs(p.run_dir, exist_ok=True)
     runfolder.mark(p.run_dir)
+    _add_provenance(p)
+    if p.cfg.logger.group is None and os.path.exists(cfg_path):
+        # A sweep's run resumed or extended alone stays in the sweep's W&B group.
+        from omegaconf import OmegaConf
+
+        with contextlib.suppress(Exception):
+            p.cfg.logger.group = OmegaConf.select(OmegaConf.load(cfg_path), "logger.group")
+    if changes:  # only more steps: the run is no longer finished (DONE goes first)
+        for name in ("DONE", "summary.json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(p.run_dir, name))
     config_mod.save(p.cfg, cfg_path)
 
 
@@ -484,9 +766,49 @@ def torchrun(run_dir: str, cfg: DictConfig, network=None) -> None:
         raise RuntimeError(f"torchrun exited non-zero for {run_dir} ({', '.join(failed)})")
 
 
+class RunsFailed(RuntimeError):
+    """Some runs of a sweep failed (each recorded in its RUN_DIR/FAILED); the others ran."""
+
+    def __init__(self, failed: list[tuple[str, dict[str, Any]]], total: int):
+        self.failed = failed
+        names = ", ".join(f"{os.path.basename(d)} ({r['status']})" for d, r in failed[:3])
+        more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+        super().__init__(f"{len(failed)} of {total} runs failed: {names}{more} (listed above; "
+                         "the same command skips them, --retry-failed runs them again)")
+
+
+def _steps_left(p: Planned, restart: bool, retry_failed: bool) -> int:
+    """Steps a planned run still has to train (0: it will be skipped)."""
+    if p.done and not restart:
+        return 0
+    if p.failure is not None and not retry_failed and not restart:
+        return 0
+    from repro import checkpoints
+
+    done = 0 if restart or p.changes or p.broken else (
+        checkpoints.newest_step(os.path.join(p.run_dir, "checkpoints")) or 0)
+    return max(1, int(p.cfg.steps) - done)
+
+
+def check_submission(settings: dict[str, Any] | None, dry_run: bool) -> None:
+    """A SLURM sweep needs sbatch and srun here (a login node): else one line, before any
+    folder is made. A dry run submits nothing and needs neither."""
+    import shutil
+
+    if settings is None or settings.get("kind") != "slurm" or dry_run:
+        return
+    missing = [tool for tool in ("sbatch", "srun") if shutil.which(tool) is None]
+    if missing:
+        raise ValueError(f"hydra/launcher=submitit_slurm submits with sbatch and runs with srun, "
+                         f"but {' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} "
+                         "not on PATH here: run it on a SLURM login node (--dry-run shows each "
+                         "job's sbatch settings anywhere), or use hydra/launcher=submitit_local")
+
+
 def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
           restart: bool = False, out=print, on_change: str = "refuse",
-          wait: bool = False) -> list[str]:
+          wait: bool = False, keep_going: bool = False, retry_failed: bool = True,
+          progress: bool = False) -> list[str]:
     """Plan, then run every run not yet done; the run directories in order.
 
     restart=True discards every run's directory first (`repro train --restart`; only a
@@ -496,17 +818,33 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
     caller that owns its runs folder, e.g. the paper figures) discards and re-runs it. A
     dry run deletes nothing.
 
+    A run that fails is recorded in RUN_DIR/FAILED (failed, or diverged: repro.sweep).
+    keep_going=True (a sweep from the command line) goes on with the next run, lists the
+    failures at the end and raises RunsFailed; otherwise the failure is raised at once.
+    retry_failed=False skips a run whose earlier attempt failed, saying why. progress=True
+    prints "run i/N" with an estimate of the time left before each run of a sweep and a
+    table of every run at its end.
+
     Each run holds its folder's lock while it runs (repro.runfolder): a run that another
     launch is running raises RunInUse naming it, or with wait=True waits for it. A
     SIGTERM / SIGINT stops the run at the end of its step, with a checkpoint there, and
     raises stopping.Interrupted whose message says where it stopped."""
     if on_change not in ON_CHANGE:
         raise ValueError(f"on_change={on_change!r}; choose one of: {', '.join(ON_CHANGE)}")
-    from repro import cluster, runfolder, stopping
+    import time
 
+    from repro import cluster, failures, provenance, runfolder, stopping, sweep
+
+    given = list(overrides)
     overrides, launcher = cluster.split_overrides(overrides)
     settings = cluster.launcher_config(launcher)  # a submitit launcher's, or None
-    planned = plan(overrides, multirun, on_change="restart" if restart else on_change)
+    # A SLURM sweep is validated here (often a login node) but trains in its jobs: the
+    # device is checked there.
+    on_slurm = settings is not None and settings.get("kind") == "slurm"
+    check_submission(settings, dry_run)
+    notes: list[str] = []
+    planned = plan(overrides, multirun, on_change="restart" if restart else on_change,
+                   notes=notes, device=not on_slurm)
     # Pre-flight: a folder a restart would delete must be a run folder repro train made.
     refused = [runfolder.not_deletable(p.run_dir) for p in planned
                if restart or p.changes or p.broken]
@@ -521,37 +859,74 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
         for folder in dict.fromkeys(p.run_dir for p in planned if restart or not p.done):
             check_writable(folder, "the run directory",
                            "nothing was run; set runs_root to a folder this user can write")
+    for note in notes:
+        out(f"note: {note}")
+    if multirun and len(planned) > 1:
+        group = sweep.wandb_group(given)
+        for p in planned:  # W&B groups a sweep's runs by its command unless told otherwise
+            if p.cfg.logger.group is None and str(p.cfg.group) == "default":
+                p.cfg.logger.group = group
+    shown = progress and len(planned) > 1
+    report = sweep.SweepProgress(len(planned), out)
+    steps_left = [_steps_left(p, restart, retry_failed) for p in planned]
+    failed: list[tuple[str, dict[str, Any]]] = []
     submitted: list[str] = []
     with stopping.stop_on_signals(forward=stopping.RankForwarder()):
-        for p in planned:
+        for i, p in enumerate(planned):
+            if shown and not dry_run and steps_left[i]:  # a skipped run says so itself
+                report.before(i + 1, steps_left[i:])
             delete = restart or bool(p.changes) or bool(p.broken)
             if restart:  # whatever the folder holds goes: its changes need no mention
                 p.done, p.changes, p.broken = False, [], None
             if dry_run:
-                out(f"[{status(p, dry_run, restart)}] {p.run_dir}")
+                skip = p.failure is not None and not retry_failed and not restart
+                line = f"[{status(p, dry_run, restart)}] {p.run_dir}"
+                if skip:
+                    line = (f"[{p.failure.get('status', 'failed')} before, would skip] "
+                            f"{p.run_dir}: {sweep.short(p.failure.get('reason'))}")
+                out(line)
                 if delete and os.path.exists(p.run_dir):
                     out(f"  would delete {p.run_dir} ({runfolder.contents(p.run_dir)})")
+                if settings is not None and not skip:
+                    for text in cluster.describe_job(p.run_dir, settings):
+                        out(f"  {text}")
                 continue
             if stopping.requested() is not None:
                 raise stopping.Interrupted(f"interrupted before {p.run_dir} started; the same "
                                            "command goes on with it", stopping.requested())
             if p.done and not restart:
                 out(f"[{status(p)}] {p.run_dir}")
+                report.outcomes.append(sweep.Outcome(p.run_dir, "skipped (done)",
+                                                     _summary(p.run_dir)))
                 continue
+            if p.failure is not None and not retry_failed and not restart:
+                out(f"[{p.failure.get('status', 'failed')} before, skipped] {p.run_dir}: "
+                    f"{sweep.short(p.failure.get('reason'))}")
+                report.outcomes.append(sweep.Outcome(
+                    p.run_dir, f"skipped ({p.failure.get('status', 'failed')})",
+                    reason=p.failure.get("reason"), log=p.failure.get("log")))
+                failed.append((p.run_dir, p.failure))
+                continue
+            started = time.monotonic()
             with runfolder.locked(p.run_dir, wait=wait, out=out,
                                   give_up=lambda: stopping.requested() is not None):
                 if not restart:  # another launch may have finished or changed it meanwhile
                     _refresh(p)
                     if p.done:
                         out(f"[{status(p)}] {p.run_dir}")
+                        report.outcomes.append(sweep.Outcome(p.run_dir, "skipped (done)",
+                                                             _summary(p.run_dir)))
                         continue
                     delete = bool(p.changes) or bool(p.broken)
                 line = f"[{status(p, restart=restart)}] {p.run_dir}"
                 if delete:
                     discard(p, out)
                 out(line)
+                sweep.clear_failure(p.run_dir)
+                record = provenance.entry(given, p.overrides, p.cfg, submitted=settings is not None)
                 if settings is None:
                     try:
+                        p.provenance = record
                         launch(p)
                     except Exception as exc:
                         if stopping.requested() is not None:  # e.g. a rank the signal
@@ -560,13 +935,29 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                         if getattr(exc, "run_dir", None) is None:
                             with contextlib.suppress(AttributeError):
                                 exc.run_dir = p.run_dir  # the failure's log goes there
-                        raise
+                        if not keep_going:
+                            with contextlib.suppress(Exception):
+                                sweep.record_failure(p.run_dir, exc, os.path.join(
+                                    p.run_dir, failures.LOG))
+                            raise
+                        log = failures.record_exception(p.run_dir, "launcher", exc)
+                        result = sweep.record_failure(p.run_dir, exc, log)
+                        out(f"  {result['status']}: {sweep.short(result['reason'])} (traceback "
+                            f"in {log}); going on with the sweep")
+                        failed.append((p.run_dir, result))
+                        report.outcomes.append(sweep.Outcome(p.run_dir, result["status"],
+                                                             reason=result["reason"], log=log))
+                        report.trained(time.monotonic() - started, steps_left[i])
+                        continue
                 else:
+                    p.provenance = record
                     prepare(p)
                     submitted.append(p.run_dir)
             if settings is None:
                 if stopping.requested() is not None:
                     raise _interrupted(p.run_dir, stopping.requested())
+                report.trained(time.monotonic() - started, steps_left[i])
+                report.outcomes.append(sweep.Outcome(p.run_dir, "done", _summary(p.run_dir)))
                 _print_summary(p.run_dir, out)
     if submitted:
         # One job per run; submitit's job folders beside the runs of the group.
@@ -574,7 +965,20 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
         cluster.submit(submitted, settings, folder=folder, out=out)
         for run_dir in submitted:
             _print_summary(run_dir, out)
+    if shown:
+        report.end(dry_run)
+    if failed and keep_going:
+        raise RunsFailed(failed, len(planned))
     return [p.run_dir for p in planned]
+
+
+def _summary(run_dir: str) -> dict[str, Any] | None:
+    from repro.logging import read_summary
+
+    try:
+        return read_summary(run_dir)
+    except ValueError:
+        return None
 
 
 def _interrupted(run_dir: str, signum: int):

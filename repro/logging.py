@@ -4,9 +4,12 @@ A run directory (written by the trainer, read by `repro compare` and the sweeps)
 
     RUN_DIR/config.yaml     the resolved config the workers read
     RUN_DIR/metrics.jsonl   one JSON object per logged step: {"step", "wall_time", ...}
-    RUN_DIR/summary.json    final numbers (written atomically at the end)
-    RUN_DIR/checkpoints/    the trainer's checkpoints
+    RUN_DIR/summary.json    final numbers (written atomically at the end): what the summary
+                            line prints (`run_results`, the throughput) and more
+    RUN_DIR/provenance.json what made each launch of the run (repro.provenance)
+    RUN_DIR/checkpoints/    the trainer's checkpoints (the last step's always kept)
     RUN_DIR/DONE            marker: the run finished (sweeps skip such runs)
+    RUN_DIR/FAILED          its last attempt failed or diverged (repro.sweep)
 
 Crash safety: every metrics line is flushed and fsynced, so a killed rank loses at most
 the line it was writing. A relaunch from the checkpoint at step N rewrites the file
@@ -70,6 +73,7 @@ WANDB_NAMES: dict[str, str] = {
     "steps_to_target": "eval/steps_to_target",
 }
 WANDB_STEP = "step"  # the x-axis of every W&B metric
+DEFAULT_PROJECT = "gradcomp-repro"  # W&B project when neither logger.project nor WANDB_PROJECT
 DEFAULT_PREFIX = "train/"
 _JSONL_KEYS = {name: key for key, name in WANDB_NAMES.items()}
 
@@ -256,9 +260,12 @@ class MetricsWriter:
         self.path = os.path.join(run_dir, METRICS_FILE)
         self.file = None
         kept: list[dict[str, Any]] = []
+        # The last step the file held before this writer cut it back (None: none).
+        self.previous_last_step: int | None = None
         if resume_step is not None and os.path.exists(self.path):
             records, _ = parse_metrics(self.path)
             kept = [r for r in records if r["step"] <= resume_step]
+            self.previous_last_step = max((r["step"] for r in records), default=None)
         remove_stale_temps(self.path)  # left by a writer killed while rewriting the file
         # Rewritten even when nothing changes: also truncates a fresh run's stale file.
         try:
@@ -375,8 +382,14 @@ class WandbLogger:
     when wandb cannot be imported or started (one message says which and why).
 
     The mode is WANDB_MODE's (set to "offline" here when unset; never passed as mode=, so
-    the environment always wins). Files go under RUN_DIR/wandb/. The W&B run id is kept in
-    RUN_DIR/wandb/run_id so a relaunch after a crash resumes the same W&B run.
+    the environment always wins). W&B's files go under WANDB_DIR, else RUN_DIR (its
+    wandb/ folder). The project, entity and notes are the arguments' (logger.project,
+    logger.entity, logger.notes), else WANDB_PROJECT, WANDB_ENTITY, WANDB_NOTES (the
+    project: else "gradcomp-repro"); the tags are the run's own, then `tags`
+    (logger.tags), then WANDB_TAGS (comma-separated). The W&B run id is kept in
+    RUN_DIR/wandb/run_id so a relaunch after a crash resumes the same W&B run; W&B's steps
+    only go up, so the steps an earlier attempt logged (`logged_through` and before) are
+    not logged again.
 
     For dashboards the run carries the project, the group (the figure or sweep: the
     runs/<group>/ folder), the name, the whole resolved config, job_type = the
@@ -391,11 +404,14 @@ class WandbLogger:
     logger.verbose=true`).
     """
 
-    def __init__(self, config: Mapping[str, Any], project: str, group: str | None, name: str,
-                 run_dir: str, enabled: bool = True, verbose: bool | None = None):
+    def __init__(self, config: Mapping[str, Any], project: str | None, group: str | None,
+                 name: str, run_dir: str, enabled: bool = True, verbose: bool | None = None,
+                 entity: str | None = None, tags: Iterable[str] = (), notes: str | None = None,
+                 logged_through: int | None = None):
         self.run = None
         self.run_dir = run_dir
         self.started = time.time()
+        self.logged_through = logged_through
         if verbose is None:
             logger_cfg = config.get("logger") if isinstance(config, Mapping) else None
             verbose = bool(logger_cfg.get("verbose", False)) if isinstance(logger_cfg, Mapping) \
@@ -415,20 +431,29 @@ class WandbLogger:
             notice(f"W&B logging is off: wandb cannot be imported ({exc}); `pip install wandb` "
                    f"to enable it. Metrics still go to {os.path.join(run_dir, METRICS_FILE)}")
             return
-        wandb_dir = os.path.join(run_dir, "wandb")
-        os.makedirs(wandb_dir, exist_ok=True)
-        run_id = self.run_id(wandb_dir)
+        ids_dir = os.path.join(run_dir, "wandb")
+        os.makedirs(ids_dir, exist_ok=True)
+        if not os.path.exists(os.path.join(ids_dir, "run_id")):
+            self.logged_through = None  # no earlier attempt logged to W&B
+        run_id = self.run_id(ids_dir)
+        files_dir = os.environ.get("WANDB_DIR") or run_dir
+        os.makedirs(files_dir, exist_ok=True)
+        wandb_dir = os.path.join(files_dir, "wandb")
         extra: dict[str, Any] = {}
         settings = getattr(wandb, "Settings", None)
         if not verbose and settings is not None:
             extra["settings"] = settings(silent=True)
-        job_type, tags = dashboard_fields(config)
-        if group is None and isinstance(config.get("group"), str):
-            group = config["group"]
+        job_type, all_tags = dashboard_fields(config)
+        env_tags = [t.strip() for t in os.environ.get("WANDB_TAGS", "").split(",")]
+        all_tags = list(dict.fromkeys([*all_tags, *map(str, tags), *filter(None, env_tags)]))
+        project = project or os.environ.get("WANDB_PROJECT") or DEFAULT_PROJECT
+        entity = entity or os.environ.get("WANDB_ENTITY") or None
+        notes = notes or os.environ.get("WANDB_NOTES") or None
         try:
             self.run = wandb.init(
-                project=project, group=group, name=name, job_type=job_type, tags=tags,
-                dir=run_dir, id=run_id, resume="allow", config=dict(config), **extra,
+                project=project, entity=entity, group=group, name=name, job_type=job_type,
+                tags=all_tags, notes=notes, dir=files_dir, id=run_id, resume="allow",
+                config=dict(config), **extra,
             )
         except Exception as exc:  # noqa: BLE001 -- logging must not kill a training run
             notice(f"W&B logging is off: wandb.init failed in WANDB_MODE={mode} ({exc}); run "
@@ -466,6 +491,8 @@ class WandbLogger:
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:
         if self.run is None:
             return
+        if self.logged_through is not None and step <= self.logged_through:
+            return  # an earlier attempt of this run logged it
         check_reserved(metrics)
         row: dict[str, Any] = {WANDB_STEP: int(step)}
         for key, value in metrics.items():
@@ -508,10 +535,30 @@ def _num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
+def run_results(records: Iterable[Mapping[str, Any]],
+                ratio: float | None = None) -> dict[str, Any]:
+    """What the end of a run reports from its metrics.jsonl records, as summary.json
+    holds it: the final training loss, the mean k̂/k (estimation_quality), the mean
+    density of the aggregate and the mean ratio the compressor targeted (target_ratio:
+    with at least one element per tensor, above the configured `ratio` on small tensors),
+    each None where no step logged it; and the configured ratio."""
+    records = list(records)
+
+    def series(key: str) -> list[float]:
+        return [float(r[key]) for r in records if _num(r.get(key))]
+
+    loss = series("loss")
+    return {"final_loss": loss[-1] if loss else None,
+            "estimation_quality": _mean(series("estimation_quality")),
+            "density": _mean(series("density")), "target_ratio": _mean(series("target_ratio")),
+            "ratio": ratio}
+
+
 def run_summary_lines(run_dir: str) -> list[str]:
-    """What `repro train` prints when a run ends, read from its files: steps and wall
-    time; final loss and quality metric (best, time to target); throughput (measured and,
-    where logged, projected); k̂/k and density where the compressor has them; the run
+    """What `repro train` prints when a run ends, read from its summary.json (older ones:
+    the missing numbers from metrics.jsonl): steps and wall time; final loss and quality
+    metric (best, time to target); throughput (measured and, where logged, projected);
+    k̂/k and density beside the ratio it targeted, where the compressor has them; the run
     directory. Empty when the run has no summary.json (it did not finish)."""
     summary = read_summary(run_dir)
     if summary is None:
@@ -519,20 +566,18 @@ def run_summary_lines(run_dir: str) -> list[str]:
     path = os.path.join(run_dir, METRICS_FILE)
     records = parse_metrics(path)[0] if os.path.exists(path) else []
 
-    def series(key: str) -> list[float]:
-        return [float(r[key]) for r in records if _num(r.get(key))]
-
     def num(v: Any, spec: str = ".4g") -> str:
         return format(float(v), spec) if _num(v) else "n/a"
 
-    loss = series("loss")
+    results = run_results(records)
+    results.update({k: summary[k] for k in results if k in summary})
     metric = summary.get("metric")
     parts = [f"{summary.get('steps', '?')} steps in {num(summary.get('wall_time_s'), '.1f')} s",
-             f"loss {num(loss[-1] if loss else None)}"]
+             f"loss {num(results['final_loss'])}"]
     if metric:
         final = summary.get(f"eval/{metric}")
         if not _num(final):
-            evals = series(f"eval/{metric}")
+            evals = [float(r[f"eval/{metric}"]) for r in records if _num(r.get(f"eval/{metric}"))]
             final = evals[-1] if evals else None
         text = f"{metric} {num(final)}"
         if _num(summary.get("time_to_target_s")):
@@ -554,20 +599,49 @@ def run_summary_lines(run_dir: str) -> list[str]:
     projected = rate["projected/samples_per_s"]
     if _num(projected):
         speed.append(f"{num(projected, '.1f')} projected onto the target cluster")
-    k_ratio, density = _mean(series("estimation_quality")), _mean(series("density"))
-    if k_ratio is not None:
-        speed.append(f"k̂/k {num(k_ratio, '.3g')}")
-    if density is not None:
-        speed.append(f"density {num(density, '.3g')}")
+    if _num(results["estimation_quality"]):
+        speed.append(f"k̂/k {num(results['estimation_quality'], '.3g')}")
+    if _num(results["density"]):
+        text = f"density {num(results['density'], '.3g')}"
+        target, ratio = results["target_ratio"], results["ratio"]
+        if _num(target):
+            text += f" vs target {num(target, '.3g')}"
+            if _num(ratio) and abs(target - ratio) > 1e-3 * ratio:
+                text += f" (ratio {num(ratio, '.3g')}, at least one element per tensor)"
+        speed.append(text)
     lines.append("      " + ", ".join(speed))
     lines.append(f"      run dir {run_dir}")
     return lines
 
 
 # -- progress and names ------------------------------------------------------------------
-def progress(iterable_or_total: Iterable[Any] | int, desc: str | None = None, enabled: bool = True):
+LOG_INTERVAL_S = 30.0  # a bar written to a log (not a terminal): one line this often at most
+
+
+class LogLines:
+    """A bar's stream for a log file (SLURM's .err, a pipe): each refresh becomes one whole
+    line, instead of carriage returns piling up on a single line."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.last = None
+
+    def write(self, text: str) -> None:
+        text = text.replace("\r", "").replace("\x1b[A", "").strip()
+        if text and text != self.last:  # closing the bar repeats its last state
+            self.stream.write(text + "\n")
+            self.last = text
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress(iterable_or_total: Iterable[Any] | int, desc: str | None = None, enabled: bool = True,
+             stream=None):
     """A tqdm bar on rank 0 (iterate it, or call .update(n) when given a total); on other
-    ranks or with enabled=False the same object with the bar switched off."""
+    ranks or with enabled=False the same object with the bar switched off. On a stream
+    that is not a terminal (stderr by default) the bar writes a plain line at most every
+    LOG_INTERVAL_S seconds, and at the end."""
     try:
         from tqdm.auto import tqdm
     except ImportError:
@@ -575,9 +649,20 @@ def progress(iterable_or_total: Iterable[Any] | int, desc: str | None = None, en
             return NullBar()
         return iterable_or_total
     disable = not (enabled and is_main())
+    stream = sys.stderr if stream is None else stream
+    kwargs: dict[str, Any] = {"desc": desc, "disable": disable, "dynamic_ncols": True,
+                              "file": stream}
+    isatty = getattr(stream, "isatty", None)
+    bar = tqdm
+    if not (callable(isatty) and isatty()):
+        kwargs.update(file=LogLines(stream), mininterval=LOG_INTERVAL_S, ascii=True,
+                      dynamic_ncols=False, ncols=100)
+        # No monitor thread: its forced refreshes would write lines of their own between
+        # the bar's, twice for one state.
+        bar = type("LogBar", (tqdm,), {"monitor_interval": 0})
     if isinstance(iterable_or_total, int):
-        return tqdm(total=iterable_or_total, desc=desc, disable=disable, dynamic_ncols=True)
-    return tqdm(iterable_or_total, desc=desc, disable=disable, dynamic_ncols=True)
+        return bar(total=iterable_or_total, **kwargs)
+    return bar(iterable_or_total, **kwargs)
 
 
 class NullBar:

@@ -108,6 +108,16 @@ class Run:
     summary: dict[str, Any] | None  # None while the run has not finished
     done: bool  # the DONE marker is present
     torn: bool = False  # metrics.jsonl ended in an incomplete line, which was skipped
+    failure: dict[str, Any] | None = None  # RUN_DIR/FAILED (repro.sweep), if the run failed
+
+    @property
+    def status(self) -> str:
+        """"done", "failed" / "diverged" (its last attempt), or "running/incomplete"."""
+        if self.done:
+            return "done"
+        if self.failure is not None:
+            return str(self.failure.get("status", "failed"))
+        return "running/incomplete"
 
     # -- the config and the summary ----------------------------------------------------
     def cfg(self, dotted: str, default: Any = None) -> Any:
@@ -359,17 +369,53 @@ def load_run(path: str) -> Run:
         raise ValueError(f"{config_path} does not hold a config mapping")  # noqa: TRY004
     metrics, torn = parse_metrics(os.path.join(path, METRICS_FILE))
     name = config.get("name") or os.path.basename(os.path.normpath(path))
+    from repro.sweep import read_failure
+
     return Run(path=path, name=str(name), config=config, metrics=metrics,
                summary=read_summary(path), done=os.path.exists(os.path.join(path, DONE_FILE)),
-               torn=torn)
+               torn=torn, failure=read_failure(path))
 
 
-def load_runs(paths: Sequence[str]) -> list[Run]:
+COMPARE_MARKER = ".gradcomp-compare"  # in each folder `repro compare` writes
+
+
+def passed_over(path: str) -> str | None:
+    """Why `path`, which a glob like runs/<group>/* picks up, is no run to compare: a
+    comparison's own folder (runs/<group>/compare), or a run folder that `repro train`
+    made and that logged no step (it failed before its first: its FAILED says why)."""
+    from repro.runfolder import MARKER
+    from repro.sweep import failure_text, read_failure
+
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, CONFIG_FILE)):
+        entries = _listdir(path)
+        if COMPARE_MARKER in entries or any(
+                os.path.isfile(os.path.join(path, e, COMPARE_MARKER)) for e in entries):
+            return "comparisons written by repro compare"
+    if (os.path.isfile(os.path.join(path, MARKER))
+            and not os.path.isfile(os.path.join(path, METRICS_FILE))):
+        failure = read_failure(path)
+        why = f" ({failure_text(failure)})" if failure else ""
+        return f"a run that logged no step{why}"
+    return None
+
+
+def load_runs(paths: Sequence[str], notes: list[str] | None = None) -> list[Run]:
     """Several run directories; two runs of the same name (one per sweep) are told apart
-    by their parent folder: "sweep_a/topk-r0.01-w2-…"."""
+    by their parent folder: "sweep_a/topk-r0.01-w2-…". Folders a glob picks up that are no
+    runs to compare (`passed_over`) are left out, each with a line in `notes`."""
     if not paths:
         raise ValueError("give at least one run directory, e.g. repro compare runs/default/*")
-    runs = [load_run(p) for p in paths]
+    kept = []
+    for p in paths:
+        why = passed_over(p)
+        if why is None:
+            kept.append(p)
+        elif notes is not None:
+            notes.append(f"left out {p}: {why}")
+    if not kept:
+        raise ValueError(f"none of the {len(paths)} folder(s) given is a run with logged steps "
+                         f"({'; '.join(notes or [])})")
+    runs = [load_run(p) for p in kept]
     names = [r.name for r in runs]
     for r in runs:
         if names.count(r.name) > 1:

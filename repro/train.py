@@ -100,6 +100,14 @@ def projected_comm_s(records: list[StepRecord], network: Network) -> tuple[float
     return comm, dense
 
 
+def wandb_group(cfg) -> str | None:
+    """The run's W&B group: logger.group, else its group= (None for the plain "default",
+    which would lump unrelated runs together; a sweep sets logger.group to its own)."""
+    if cfg.logger.group:
+        return str(cfg.logger.group)
+    return None if str(cfg.group) == "default" else str(cfg.group)
+
+
 def summarise_records(records: list[StepRecord]) -> dict[str, float]:
     out: dict[str, float] = {"bytes_sent": float(sum(r.bytes_sent for r in records))}
     out["compress_s"] = sum(r.encode_s + r.decode_s for r in records)
@@ -375,7 +383,11 @@ class Trainer:
 
                 wandb = WandbLogger(
                     OmegaConf.to_container(cfg, resolve=True), project=cfg.logger.project,
-                    group=cfg.group, name=os.path.basename(self.run_dir), run_dir=self.run_dir,
+                    group=wandb_group(cfg), name=os.path.basename(self.run_dir),
+                    run_dir=self.run_dir, entity=cfg.logger.entity,
+                    tags=list(cfg.logger.tags), notes=cfg.logger.notes,
+                    # W&B steps only go up: what an earlier attempt logged is not logged again
+                    logged_through=writer.previous_last_step if resumed else None,
                 )
         batches = self.batches()
         global_batch = None
@@ -425,7 +437,9 @@ class Trainer:
                     wandb.log(self.step - 1, metrics)
             stop, due = self.step_flags()
             stop = stop and not last  # a signal at the last step: the run just finishes
-            if stop or due or (cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0):
+            # The last step is always kept: a finished run given more steps goes on from it.
+            if stop or due or last or (cfg.checkpoint_every
+                                       and self.step % cfg.checkpoint_every == 0):
                 self.save_checkpoint()
                 self.checkpoint_saved()
             if stop:
@@ -452,8 +466,13 @@ class Trainer:
         }
         if self.is_main:
             # Throughput over every logged step, read back from metrics.jsonl (the steps of
-            # earlier attempts included): total samples / total step time.
+            # earlier attempts included): total samples / total step time; and the rest of
+            # what the summary line prints (final loss, k̂/k, density beside its target).
+            from repro.logging import METRICS_FILE, parse_metrics, run_results
+
             summary.update(writer.throughput().summary())
+            records = parse_metrics(os.path.join(self.run_dir, METRICS_FILE))[0]
+            summary.update(run_results(records, cfg.compressor.ratio))
         if self.is_main:
             # summary.json, then DONE (both written whole or not at all): DONE means the
             # summary is complete. If either write fails (disk full) neither is left, so

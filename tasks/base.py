@@ -101,6 +101,25 @@ def hf_refusal(name: str) -> str:
     )
 
 
+def missing_extras(cls: type, data: str) -> list[tuple[str, str, str]]:
+    """(module, extra, why) of each optional package a task of class `cls` with `data`
+    needs and this environment lacks: the class's `extras`, and `datasets` for data="hf"."""
+    import importlib.util
+
+    needed = [(module, extra, "") for module, extra in cls.extras]
+    if data == "hf":
+        needed.append(("datasets", "hf", " with task.data=hf"))
+    missing = []
+    for module, extra, why in needed:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a module set to None in sys.modules, a broken one
+            found = False
+        if not found:
+            missing.append((module, extra, why))
+    return missing
+
+
 def check_choice(what: str, value: Any, allowed: tuple) -> None:
     if value not in allowed:
         raise ValueError(
@@ -126,6 +145,8 @@ class Task(abc.ABC):
     hf_columns: ClassVar[tuple[str, ...]] = ()
     hf_hint: ClassVar[str] = ""  # added to the message for a data set that is not found
     hf_unavailable: ClassVar[str] = ""  # why a task has no Hugging Face source, if it is known
+    # Optional packages the task imports: (module, the extra of pyproject.toml installing it).
+    extras: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     def __init__(
         self,

@@ -119,6 +119,57 @@ def fetch_instructions(source: HFSource, data_root: str | None, hint: str = "") 
     )
 
 
+OFFLINE_HINT = "it reads datasets' cache only, without retrying the Hub"
+
+
+def hub_offline() -> bool:
+    """Whether Hugging Face's offline mode is on (HF_HUB_OFFLINE=1 or HF_DATASETS_OFFLINE=1)."""
+    import os
+
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE")
+               for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hub cannot be reached from here (a name that does not resolve, a refused or
+    timed-out connection), or None when it answers or a proxy stands between (its own
+    business). One connection attempt, at most `timeout_s`: a machine without network
+    learns it in milliseconds, instead of after the Hub client's retries."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return None
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (80 if url.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"{host}:{port}: {exc.strerror or exc}"
+    return None
+
+
+def _load_from_hub(datasets, source: HFSource):
+    """datasets.load_dataset(source); when the Hub is unreachable, from datasets' cache
+    only (its offline mode, for this call): no retries against a network that is not
+    there."""
+    why = None if hub_offline() else hub_unreachable()
+    if why is None:
+        return datasets.load_dataset(source.name, source.config, revision=source.revision), None
+    import huggingface_hub.constants as hub_constants
+
+    saved = (datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE)
+    datasets.config.HF_HUB_OFFLINE = hub_constants.HF_HUB_OFFLINE = True
+    try:
+        return datasets.load_dataset(source.name, source.config, revision=source.revision), why
+    except Exception as exc:  # the caller names it
+        exc.hub_unreachable = why
+        raise
+    finally:
+        datasets.config.HF_HUB_OFFLINE, hub_constants.HF_HUB_OFFLINE = saved
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
@@ -152,14 +203,23 @@ def load(
             where = f"task.data_root={data_root}"
         else:
             try:
-                dd = datasets.load_dataset(source.name, source.config, revision=source.revision)
+                dd, _ = _load_from_hub(datasets, source)
             # Offline and not cached, a renamed set, an unknown config, a refused loading
             # script: each surfaces as a different exception class across datasets versions.
             except Exception as exc:  # noqa: BLE001
+                why = getattr(exc, "hub_unreachable", None)
+                if why is not None:
+                    where = (f"the Hub is unreachable from here ({why}) and datasets' cache "
+                             f"does not hold it; on a machine without network set "
+                             f"HF_HUB_OFFLINE=1 ({OFFLINE_HINT})")
+                elif hub_offline():
+                    where = "HF_HUB_OFFLINE=1 is set and datasets' cache does not hold it"
+                else:
+                    where = "the data set is neither in datasets' cache nor reachable"
                 raise FileNotFoundError(
                     f"task {task!r} with data='hf': {source.load_call()} failed "
-                    f"({_first_line(exc)}); the data set is neither in datasets' cache nor "
-                    f"reachable. To use an offline copy, " + fetch_instructions(source, None, hint)
+                    f"({_first_line(exc)}); {where}. To use an offline copy, "
+                    + fetch_instructions(source, None, hint)
                 ) from None
             where = source.load_call()
         if not isinstance(dd, datasets.DatasetDict):  # a bad data set is a ValueError

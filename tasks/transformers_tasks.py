@@ -66,6 +66,7 @@ def _transformers():
 
 
 class _HFTask(Task):
+    extras = (("transformers", "transformers"),)
     hub_name: str = ""
     standin_pretrained: bool = True  # paper size + stand-in: MiniLM weights, else random init
 

@@ -18,15 +18,16 @@ STEPS = 12
 
 
 def make_run(root, name, compressor, ratio, *, sparse: bool, speed: float, acc_gain: float,
-             summary_ttt: bool, done: bool = True) -> str:
+             summary_ttt: bool, done: bool = True, seed: int = 0, workers: int = 2,
+             mode: str = "simulated") -> str:
     """A run directory as the trainer writes it: config.yaml, metrics.jsonl, summary, DONE."""
     run = os.path.join(root, name)
     os.makedirs(run)
     config = {
         "compressor": {"name": compressor, "ratio": ratio},
         "task": {"name": "cifar10_resnet20", "size": "smoke", "data": "standin"},
-        "cluster": {"workers": 2, "mode": "simulated", "target_workers": 16},
-        "seed": 0, "steps": STEPS, "group": "g", "name": None,
+        "cluster": {"workers": workers, "mode": mode, "target_workers": 16},
+        "seed": seed, "steps": STEPS, "group": "g", "name": None,
     }
     with open(os.path.join(run, "config.yaml"), "w") as f:
         yaml.safe_dump(config, f)
@@ -165,21 +166,26 @@ def test_x_time_plots_diagnostics_against_wall_time(runs, tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_default_out_folder_is_inside_the_first_run_not_the_working_directory(
-        runs, tmp_path, monkeypatch, capsys):
+def test_default_out_folder_is_beside_the_runs_in_their_group(runs, tmp_path, monkeypatch,
+                                                              capsys):
     cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     assert main(["compare", runs[1], runs[0]]) == 0
     printed = capsys.readouterr().out
     assert os.listdir(cwd) == []  # nothing written where the command ran
-    (folder,) = [d for d in os.listdir(runs[1]) if d.startswith("compare-")]
-    out = os.path.join(runs[1], folder)
+    group = os.path.dirname(runs[0])
+    (folder,) = os.listdir(os.path.join(group, "compare"))  # runs/<group>/compare/<time>/
+    out = os.path.join(group, "compare", folder)
     assert os.path.exists(os.path.join(out, "index.html")) and out in printed
-    assert not any(d.startswith("compare-") for d in os.listdir(runs[0]))
-    # The run directory still reads as a run (the comparison folder is no run of its own).
-    (again,) = load_runs([runs[1]])
-    assert again.compressor == "none" and len(again.metrics) == STEPS + 1
+    # Nothing inside a run folder, which `repro train --restart` would delete.
+    assert not [name for run in runs for name in os.listdir(run) if "compare" in name]
+    # The group's glob (runs/<group>/*) now holds the comparison too: it is left out, said.
+    notes: list[str] = []
+    again = load_runs(sorted(os.path.join(group, d) for d in os.listdir(group)), notes=notes)
+    assert sorted(r.path for r in again) == sorted(runs)
+    assert notes == [(f"left out {os.path.join(group, 'compare')}: comparisons written by "
+                      "repro compare")]
 
 
 def test_bad_paths_exit_2_naming_path_and_missing_file(runs, tmp_path, capsys):
@@ -199,3 +205,84 @@ def test_bad_paths_exit_2_naming_path_and_missing_file(runs, tmp_path, capsys):
     assert main(["compare", group]) == 2
     err = capsys.readouterr().err
     assert "config.yaml is missing" in err and "pass them" in err
+
+
+@pytest.mark.slow
+def test_seeds_of_one_config_are_summarised_as_mean_and_std(tmp_path, capsys):
+    root = str(tmp_path / "runs")
+    seeds = [make_run(root, f"topk-s{seed}", "topk", 0.01, sparse=True, speed=100.0 + 10 * seed,
+                      acc_gain=0.05 + 0.01 * seed, summary_ttt=False, seed=seed)
+             for seed in (0, 1, 2)]
+    other = make_run(root, "none-s0", "none", None, sparse=False, speed=60.0, acc_gain=0.01,
+                     summary_ttt=False, workers=4)
+    out = str(tmp_path / "cmp")
+    assert main(["compare", *seeds, other, "--out", out]) == 0
+    printed = capsys.readouterr().out
+    runs = load_runs(seeds)
+    import statistics
+
+    losses = [r.last("loss") for r in runs]
+    expected = (f"{fmt(statistics.fmean(losses))} ± {fmt(statistics.stdev(losses), '.2g')} "
+                "(n=3)")
+    at = printed.index("over seeds (mean ± std):")
+    table = printed[at:].splitlines()
+    assert "topk-s0 + 2 more" in table[3] and "0, 1, 2" in table[3] and expected in table[3]
+    assert "none-s0" not in printed[at:].split("warning")[0]  # one seed: no row of its own
+    with open(os.path.join(out, "seeds.csv")) as f:
+        assert expected in f.read()
+    with open(os.path.join(out, "index.html")) as f:
+        assert "Over seeds (mean ± std)" in f.read()
+    assert "warning: the runs differ in workers (cluster.workers: 2, 4)" in printed
+
+
+def test_runs_that_differ_in_workers_or_mode_get_a_warning(tmp_path):
+    root = str(tmp_path / "runs")
+    a = make_run(root, "a", "topk", 0.01, sparse=True, speed=100.0, acc_gain=0.05,
+                 summary_ttt=False, workers=2, mode="simulated")
+    b = make_run(root, "b", "topk", 0.01, sparse=True, speed=100.0, acc_gain=0.05,
+                 summary_ttt=False, workers=4, mode="spawn")
+    c = make_run(root, "c", "dgc", 0.01, sparse=True, speed=90.0, acc_gain=0.05,
+                 summary_ttt=False, workers=2, mode="simulated")
+    assert cmp.comparability_warnings(load_runs([a, b])) == [
+        ("warning: the runs differ in workers (cluster.workers: 2, 4): their samples/s and wall "
+         "times are not comparable"),
+        ("warning: the runs differ in mode (cluster.mode: simulated, spawn): their samples/s and "
+         "wall times are not comparable")]
+    assert cmp.comparability_warnings(load_runs([a, c])) == []
+
+
+@pytest.mark.slow
+def test_equal_curves_stay_visible_and_no_title_or_legend_is_cut(tmp_path, monkeypatch):
+    """Runs with the same curves each get their own line style and marker; every plot,
+    with run names of 80 characters, keeps its titles, labels and legend inside the image
+    (no ink on its outermost pixels)."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    root = str(tmp_path / "runs")
+    names = ["topk-ratio0.01-simulated-one-worker-cifar10_resnet20-smoke-long-name-for-wrapping",
+             "dgc_ratio0.01_simulated_one_worker_cifar10_resnet20_smoke_name_without_hyphens",
+             "densebaselinewithoutanyseparatorsatallcifar10resnet20smokerunnamethatmustwrap"]
+    runs = [make_run(root, n, "topk", 0.01, sparse=True, speed=100.0, acc_gain=0.05,
+                     summary_ttt=False, seed=i) for i, n in enumerate(names)]  # equal curves
+    styles = []
+    save = cmp.Plotter.save
+
+    def spy(self, fig, file, title):
+        if file == "loss_vs_step.png":
+            styles.extend((line.get_linestyle(), line.get_marker())
+                          for line in fig.axes[0].get_lines())
+        save(self, fig, file, title)
+
+    monkeypatch.setattr(cmp.Plotter, "save", spy)
+    out = str(tmp_path / "cmp")
+    with open(os.devnull, "w") as quiet:
+        cmp.compare(runs, out=out, stream=quiet)
+    assert len(styles) == 3 and len(set(styles)) == 3
+    plots = sorted(f for f in os.listdir(out) if f.endswith(".png"))
+    assert "step_time_breakdown.png" in plots and len(plots) >= 8
+    for name in plots:
+        image = mpimg.imread(os.path.join(out, name))[..., :3]
+        edge = np.concatenate([image[:2].reshape(-1, 3), image[-2:].reshape(-1, 3),
+                               image[:, :2].reshape(-1, 3), image[:, -2:].reshape(-1, 3)])
+        assert int((edge.min(axis=1) < 0.9).sum()) == 0, f"{name}: something is cut at its edge"

@@ -192,3 +192,19 @@ def test_plots_are_whole_and_undistorted(report):
         assert img["height"] / img["width"] == pytest.approx(natural, rel=0.02), (
             f"{img['src']} is drawn {img['width']:.0f}x{img['height']:.0f}, "
             f"natural {img['natural_width']}x{img['natural_height']}")
+
+
+def test_no_plot_has_its_title_or_legend_cut(page):
+    """Each plot on the page keeps its titles, labels and legend inside the image: no ink
+    on its outermost pixels (a cut title or legend runs into the edge)."""
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    folder = page[0].parent
+    plots = sorted(folder.glob("*.png"))
+    assert len(plots) >= 5
+    for path in plots:
+        image = mpimg.imread(path)[..., :3]
+        edge = np.concatenate([image[:2].reshape(-1, 3), image[-2:].reshape(-1, 3),
+                               image[:, :2].reshape(-1, 3), image[:, -2:].reshape(-1, 3)])
+        assert int((edge.min(axis=1) < 0.9).sum()) == 0, f"{path.name} is cut at its edge"

@@ -319,3 +319,25 @@ def test_the_script_runs_the_default_set_when_no_figure_is_named(tmp_path, argv,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:-1] == ["figure", *expected]
+
+
+@pytest.mark.slow
+def test_a_smoke_size_figure_shows_a_pipeline_check_not_verdicts(tmp_path):
+    """At smoke size (a tiny run that checks a figure's pipeline) neither the console nor
+    comparison.md states a verdict on the paper's claim: each row is a pipeline check, its
+    rule's verdict labelled as not comparable."""
+    figures.load_all()
+    lines: list[str] = []
+    rows = base.run_figure("dragonn-lemmaA10", size="smoke", out_root=tmp_path, calibrate=False,
+                           say=lines.append)
+    (final,) = [line for line in lines if line.startswith("dragonn-lemmaA10:")]
+    assert final.startswith(f"dragonn-lemmaA10: pipeline check: {len(rows)} comparison rows "
+                            "computed at smoke size")
+    assert "holds" not in final and "does not hold" not in final
+    (md,) = tmp_path.rglob("comparison.md")
+    text = md.read_text()
+    assert "Smoke size: a pipeline check" in text
+    table = [line.split(" | ") for line in text.splitlines() if line.startswith("| ")][1:]
+    assert len(table) == len(rows)
+    for cells, row in zip(table, rows):
+        assert cells[5] == f"pipeline check (smoke size, not comparable: {row.verdict})"

@@ -410,3 +410,109 @@ def test_run_name():
         run_name("topk", "t", 0.01, 0)
     with pytest.raises(ValueError, match="ratio"):
         run_name("topk", "t", "0.01", 2)
+
+
+# -- W&B as its users set it up ------------------------------------------------------------
+def test_wandb_takes_its_environment_and_the_logger_keys(tmp_path, monkeypatch):
+    calls: list = []
+    monkeypatch.setitem(sys.modules, "wandb", _fake_wandb(calls))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for key in ("WANDB_PROJECT", "WANDB_ENTITY", "WANDB_DIR", "WANDB_TAGS", "WANDB_NOTES"):
+        monkeypatch.delenv(key, raising=False)
+    config = {"task": {"name": "t"}, "compressor": {"name": "topk"}}
+    WandbLogger(config, None, None, "n", str(tmp_path / "run")).finish()
+    kwargs = calls[0][1]
+    assert kwargs["project"] == "gradcomp-repro" and kwargs["entity"] is None
+    assert kwargs["dir"] == str(tmp_path / "run") and kwargs["tags"] == ["task:t"]
+    assert kwargs["notes"] is None and kwargs["group"] is None
+
+    calls.clear()
+    monkeypatch.setenv("WANDB_PROJECT", "env-project")
+    monkeypatch.setenv("WANDB_ENTITY", "env-team")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb-files"))
+    monkeypatch.setenv("WANDB_TAGS", "nightly, ablation")
+    monkeypatch.setenv("WANDB_NOTES", "from the environment")
+    WandbLogger(config, None, "sweep-a", "n", str(tmp_path / "run")).finish()
+    kwargs = calls[0][1]
+    assert (kwargs["project"], kwargs["entity"]) == ("env-project", "env-team")
+    assert kwargs["dir"] == str(tmp_path / "wandb-files") and kwargs["group"] == "sweep-a"
+    assert kwargs["tags"] == ["task:t", "nightly", "ablation"]
+    assert kwargs["notes"] == "from the environment"
+    # The run's id stays in its own folder, wherever W&B writes its files.
+    assert os.path.exists(tmp_path / "run" / "wandb" / "run_id")
+
+    calls.clear()  # logger.project / entity / tags / notes win over the environment
+    WandbLogger(config, "cfg-project", None, "n", str(tmp_path / "run"), entity="cfg-team",
+                tags=["mine"], notes="from the config").finish()
+    kwargs = calls[0][1]
+    assert (kwargs["project"], kwargs["entity"]) == ("cfg-project", "cfg-team")
+    assert kwargs["tags"] == ["task:t", "mine", "nightly", "ablation"]
+    assert kwargs["notes"] == "from the config"
+    from repro.config import LoggerConfig
+
+    assert {"entity", "tags", "notes", "group"} <= set(LoggerConfig.__dataclass_fields__)
+
+
+class RecordingWandb:
+    """A wandb module that records each run's init arguments and logged steps by run id."""
+
+    def __init__(self):
+        self.inits: dict[str, list[dict]] = {}
+        self.steps: dict[str, list[int]] = {}
+
+    def init(self, **kwargs):
+        run_id = kwargs["id"]
+        self.inits.setdefault(run_id, []).append(kwargs)
+        steps = self.steps.setdefault(run_id, [])
+        return types.SimpleNamespace(
+            id=run_id, summary={}, define_metric=lambda *a, **k: None,
+            log=lambda row, step: steps.append(step), finish=lambda: None)
+
+
+@pytest.mark.slow
+def test_wandb_groups_a_sweep_and_a_resumed_run_logs_no_step_twice(tmp_path, monkeypatch):
+    from repro import launch, sweep
+
+    fake = RecordingWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    common = ["cluster=simulated", "cluster.workers=1", "task.size=smoke", "eval_every=0",
+              "eval_batches=1", "logger=wandb_offline", "logger.progress=false",
+              "checkpoint_every=1", f"runs_root={tmp_path}"]
+    given = ["task.hparams.lr=0.1,0.05", "steps=2", *common]
+    first, second = launch.train(given, multirun=True, out=lambda s: None)
+    groups = {kw["group"] for inits in fake.inits.values() for kw in inits}
+    assert groups == {sweep.wandb_group(given)} and "task.hparams.lr=0.1,0.05" in groups.pop()
+
+    def steps_of(run_dir):
+        with open(os.path.join(run_dir, "wandb", "run_id")) as f:
+            return fake.steps[f.read().strip()]
+
+    assert steps_of(first) == [0, 1]
+    # Killed after its last step was logged, before it finished: it resumes from the
+    # checkpoint at step 1 and trains step 1 again; W&B does not get step 1 twice.
+    for name in ("DONE", "summary.json"):
+        os.remove(os.path.join(first, name))
+    import shutil
+
+    shutil.rmtree(os.path.join(first, "checkpoints", "step_00000002"))
+    launch.train(["task.hparams.lr=0.1", "steps=2", *common], out=lambda s: None)
+    assert read_summary(first)["resumed_from_step"] == 1
+    assert steps_of(first) == [0, 1] and steps_in_file(first) == [0, 1]
+    # Extended to 3 steps alone, it stays in its sweep's group and logs step 2 only.
+    launch.train(["task.hparams.lr=0.1", "steps=3", *common], out=lambda s: None)
+    assert steps_of(first) == [0, 1, 2]
+    with open(os.path.join(first, "wandb", "run_id")) as f:
+        inits = fake.inits[f.read().strip()]
+    assert len(inits) == 3 and {kw["group"] for kw in inits} == {sweep.wandb_group(given)}
+    assert steps_of(second) == [0, 1]
+
+
+def test_a_bar_in_a_log_writes_a_few_whole_lines():
+    import io
+
+    log = io.StringIO()  # not a terminal: SLURM's .err, a pipe
+    assert sum(rlog.progress(range(500), desc="train", stream=log)) == sum(range(500))
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and 1 <= len(lines) <= 3 and len(set(lines)) == len(lines)
+    assert lines[-1].startswith("train: 100%") and "500/500" in lines[-1]

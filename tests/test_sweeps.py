@@ -1,6 +1,7 @@
-"""Sweeps keyed on the resolved config: a run directory that holds a config.yaml
-different from the run's config is refused (never skipped, resumed or overwritten) unless
-the caller restarts it; an identical config is skipped when DONE and resumed otherwise.
+"""Sweeps keyed on the resolved config: each distinct config gets its own folder; a run
+directory that holds a config.yaml different from the run's config (a fixed name=, fewer
+steps) is refused (never skipped, resumed or overwritten) unless the caller restarts it;
+an identical config is skipped when DONE and resumed otherwise; more steps extend it.
 
 Runs are the smoke ResNet-20 on one simulated worker for two or three steps.
 """
@@ -82,20 +83,20 @@ def runs(finished_sweep, tmp_path):
 def test_changed_sweep_is_refused_then_restarted_then_skipped(tmp_path, monkeypatch):
     root = tmp_path / "runs"
     lines: list[str] = []
-    dirs = launch.train([*SWEEP, "steps=2", f"runs_root={root}"], multirun=True,
+    dirs = launch.train([*SWEEP, "steps=3", f"runs_root={root}"], multirun=True,
                         out=lines.append)
     assert len(dirs) == 2 and status(lines) == [f"[running] {d}" for d in dirs]
-    assert all(steps(d) == [0, 1] for d in dirs)
+    assert all(steps(d) == [0, 1, 2] for d in dirs)
     before = snapshot(root)
 
-    with monkeypatch.context() as m:
+    with monkeypatch.context() as m:  # fewer steps: the finished runs cannot be cut back
         no_training(m)
         lines.clear()
         with pytest.raises(ValueError) as info:
-            launch.train([*SWEEP, "steps=3", f"runs_root={root}"], multirun=True,
+            launch.train([*SWEEP, "steps=2", f"runs_root={root}"], multirun=True,
                          out=lines.append)
     message = str(info.value)
-    assert message.count("steps: 2 -> 3") == 2
+    assert message.count("steps: 3 -> 2") == 2
     for d in dirs:
         assert d in message
     for way_out in ("--restart", "name=", "group="):
@@ -104,19 +105,19 @@ def test_changed_sweep_is_refused_then_restarted_then_skipped(tmp_path, monkeypa
     assert snapshot(root) == before  # config, DONE, metrics, summary: byte for byte
 
     lines.clear()
-    again = launch.train([*SWEEP, "steps=3", f"runs_root={root}"], multirun=True,
+    again = launch.train([*SWEEP, "steps=2", f"runs_root={root}"], multirun=True,
                          restart=True, out=lines.append)
     assert again == dirs and status(lines) == [f"[restarting] {d}" for d in dirs]
     for d in dirs:
-        assert steps(d) == [0, 1, 2]
-        assert saved_config(d)["steps"] == 3
+        assert steps(d) == [0, 1]
+        assert saved_config(d)["steps"] == 2
         assert os.path.exists(os.path.join(d, "DONE"))
     after = snapshot(root)
 
     with monkeypatch.context() as m:
         no_training(m)
         lines.clear()
-        launch.train([*SWEEP, "steps=3", f"runs_root={root}"], multirun=True,
+        launch.train([*SWEEP, "steps=2", f"runs_root={root}"], multirun=True,
                      out=lines.append)
     assert status(lines) == [f"[done, skipped] {d}" for d in dirs]
     assert snapshot(root) == after
@@ -129,14 +130,15 @@ def test_unfinished_run_with_changed_config_is_refused_and_same_config_resumes(
     os.remove(os.path.join(topk, "DONE"))  # as if killed after its last checkpoint
     assert os.path.exists(os.path.join(topk, "checkpoints", "LATEST"))
     before = snapshot(root)
+    same_folder = f"name={os.path.basename(topk)}"  # a fixed name: one folder whatever the config
     with monkeypatch.context() as m:
         no_training(m)
-        for changed, shown in ((["steps=3", "checkpoint_every=1"], "steps: 2 -> 3"),
+        for changed, shown in ((["steps=1", "checkpoint_every=1"], "steps: 2 -> 1"),
                                (["steps=2", "checkpoint_every=1", "eval_batches=2"],
                                 "eval_batches: 1 -> 2")):
             with pytest.raises(ValueError) as info:
-                launch.train(["compressor=topk", *COMMON, *changed, f"runs_root={root}"],
-                             out=lambda s: None)
+                launch.train(["compressor=topk", *COMMON, *changed, same_folder,
+                              f"runs_root={root}"], out=lambda s: None)
             message = str(info.value)
             assert topk in message and shown in message and "--restart" in message
     assert snapshot(root) == before
@@ -157,13 +159,14 @@ def test_result_neutral_keys_do_not_count_as_a_change(runs, monkeypatch):
     no_training(monkeypatch)
     same = [*SWEEP, "steps=2", "checkpoint_every=1", f"runs_root={root}"]
     lines: list[str] = []
-    launch.train([*same, "logger.progress=true", "logger.wandb=true",
-                  "logger.project=elsewhere"], multirun=True, out=lines.append)
+    launch.train([*same, "logger.progress=true", "logger.wandb=true", "logger.project=elsewhere",
+                  "logger.tags=[a,b]", "logger.notes=why", "logger.entity=team"],
+                 multirun=True, out=lines.append)
     assert status(lines) == [f"[done, skipped] {d}" for d in dirs]
-    # The other logger keys do change what a run records.
-    with pytest.raises(ValueError, match="logger.log_every: 1 -> 2"):
-        launch.train([*same, "logger.progress=true", "logger.log_every=2"], multirun=True,
-                     out=lambda s: None)
+    # The other logger keys change what a run records: another run, in its own folder.
+    other = launch.plan([*same, "logger.progress=true", "logger.log_every=2"], multirun=True)
+    assert not {p.run_dir for p in other} & set(dirs)
+    assert all(not p.done and not p.changes for p in other)
     assert snapshot(root) == before
 
 
@@ -173,8 +176,8 @@ def test_on_change_restart_reruns_changed_and_skips_unchanged(runs):
     topk_before = snapshot(topk)
     lines: list[str] = []
     launch.train(["compressor=dgc", "compressor.params.sample_ratio=0.02", *COMMON, "steps=2",
-                  "checkpoint_every=1", f"runs_root={root}"], out=lines.append,
-                 on_change="restart")
+                  "checkpoint_every=1", f"name={os.path.basename(dgc)}", f"runs_root={root}"],
+                 out=lines.append, on_change="restart")
     assert status(lines) == [f"[config changed, restarting] {dgc}"]
     assert saved_config(dgc)["compressor"]["params"]["sample_ratio"] == 0.02
     assert read_summary(dgc)["resumed_from_step"] is None  # afresh, not from the old checkpoint

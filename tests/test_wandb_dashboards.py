@@ -78,7 +78,9 @@ def trained(tmp_path_factory):
         (run_dir,) = launch.train([*TRAIN, f"runs_root={root}"], out=lambda s: None)
     finally:
         mp.undo()
-    (path,) = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    # W&B's files under WANDB_DIR, as W&B's users set it; the run's id stays in its folder.
+    assert os.path.exists(os.path.join(run_dir, "wandb", "run_id"))
+    (path,) = glob.glob(os.path.join(root, "wandb-dir", "wandb", "offline-run-*", "run-*.wandb"))
     # W&B's service may still be writing the file when finish() returns: its last record
     # is the run's exit.
     deadline = time.monotonic() + 30

@@ -12,10 +12,20 @@ import sys
 
 def add_parser(sub) -> None:
     from repro.bench import (
-        DEFAULT_BUDGET_S, DEFAULT_COMPRESSORS, DEFAULT_DECODE_WORKERS, DEFAULT_RATIOS,
-        DEFAULT_REPEATS, DEFAULT_SIZES, DEFAULT_SOURCE, DEFAULT_THREADS, QUICK_DECODE_WORKERS,
-        QUICK_RATIOS, QUICK_REPEATS, QUICK_SIZES,
+        DEFAULT_BUDGET_S,
+        DEFAULT_COMPRESSORS,
+        DEFAULT_DECODE_WORKERS,
+        DEFAULT_RATIOS,
+        DEFAULT_REPEATS,
+        DEFAULT_SIZES,
+        DEFAULT_SOURCE,
+        DEFAULT_THREADS,
+        QUICK_DECODE_WORKERS,
+        QUICK_RATIOS,
+        QUICK_REPEATS,
+        QUICK_SIZES,
     )
+    from repro.cli import DefaultsFormatter
 
     def ints(text: str) -> list[int]:
         try:
@@ -40,7 +50,7 @@ def add_parser(sub) -> None:
             f"{','.join(map(str, QUICK_SIZES))}, ratios {','.join(map(str, QUICK_RATIOS))}, "
             f"K {','.join(map(str, QUICK_DECODE_WORKERS))}, {QUICK_REPEATS} repeats."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     p.add_argument("--compressor", action="append", metavar="NAME[,NAME...]",
                    help="compressors (topk is always added as the reference); default: the "

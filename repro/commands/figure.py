@@ -65,7 +65,13 @@ def run(args) -> int:
               f"{'est. long':>10}  published")
         total_long = 0.0
         total = 0.0
-        for fid in figures.registered():
+        built_in = []
+        listed = [fid for fid in figures.registered()
+                  if not args.figures or any(fid in figures.registered(p) for p in args.figures)]
+        if not listed:
+            raise ValueError(f"no figure matches {' '.join(args.figures)}; the figures: "
+                             f"{', '.join(figures.registered())}")
+        for fid in listed:
             f = figures.get(fid)
             full, where = base.estimate_seconds(fid, "full", out_root, results_root, kind)
             smoke, _ = base.estimate_seconds(fid, "smoke", out_root, results_root, kind)
@@ -75,15 +81,24 @@ def run(args) -> int:
             mark = "" if "same machine" in where else " (?)"
             long_text = ""
             if "long" in f.est_seconds:
-                long_s, _ = base.estimate_seconds(fid, "long", out_root, results_root, kind)
+                long_s, long_where = base.estimate_seconds(fid, "long", out_root, results_root,
+                                                           kind)
                 total_long += long_s
+                if long_where == "built-in estimate":
+                    built_in.append(fid)
                 long_text = f"{long_s:>8.0f} s"
             print(f"{fid:<18} {f.paper:<8} {f.kind:<10} {full:>8.0f} s{mark:<4}{smoke:>5.0f} s "
                   f"{long_text:>10}  {default}{base.status_line(fid, results_root)}")
+        if args.figures:
+            print("(?) no run recorded on this machine kind: a run elsewhere, or the built-in "
+                  "estimate")
+            return 0
         print(f"* in the default set (scripts/repro_figure.sh with no argument): about "
               f"{total / 60:.1f} min in all")
+        source = (f" (built-in upper estimates for {', '.join(built_in)}: no long run of them "
+                  "recorded on this machine kind)" if built_in else "")
         print(f"the extended set (scripts/repro_figure.sh --set extended: the long variants): "
-              f"about {total_long / 60:.0f} min in all")
+              f"about {total_long / 60:.0f} min in all{source}")
         print("(?) no run recorded on this machine kind: a run elsewhere, or the built-in estimate")
         return 0
     if args.readme:

@@ -23,8 +23,9 @@ def add_parser(sub) -> None:
     p.add_argument("--workers", type=int, default=2, help="gloo ranks (default: %(default)s)")
     p.add_argument("--steps", type=int, default=60, help="timed steps per arm (default: %(default)s)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per arm (default: %(default)s)")
-    p.add_argument("--granularity", choices=("layer", "bucket"), default="layer",
-                   help="hook granularity (default: %(default)s)")
+    p.add_argument("--granularity", choices=("layer", "bucket", "model"), default="layer",
+                   help="hook granularity: per parameter, per DDP bucket, or the whole gradient "
+                   "as one exchange (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: %(default)s)")
     p.set_defaults(func=run)
 

@@ -3,14 +3,19 @@ and encode/decode time of compressors on simulated workers (library: repro.measu
 
 from __future__ import annotations
 
-import argparse
 import json
 
 
 def add_parser(sub) -> None:
+    from repro.cli import DefaultsFormatter
     from repro.measure import (
-        DEFAULT_COMPRESSORS, DEFAULT_RATIO, DEFAULT_SIZE, DEFAULT_SOURCE, DEFAULT_STEPS,
-        DEFAULT_WORKERS, FEEDBACKS,
+        DEFAULT_COMPRESSORS,
+        DEFAULT_RATIO,
+        DEFAULT_SIZE,
+        DEFAULT_SOURCE,
+        DEFAULT_STEPS,
+        DEFAULT_WORKERS,
+        FEEDBACKS,
     )
 
     p = sub.add_parser(
@@ -24,7 +29,7 @@ def add_parser(sub) -> None:
             "Example (THC Fig. 2b): repro measure --compressor topk,terngrad,thc --ratio 0.1 "
             "--workers 2 --source lognormal"
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsFormatter,
     )
     p.add_argument("--compressor", action="append", metavar="NAME[,NAME...]",
                    help="compressor(s) to compare, repeatable or comma-separated "

@@ -35,7 +35,7 @@ def add_parser(sub) -> None:
     p.add_argument("--latency-ms", type=float, default=0.0,
                    help="one-way delay added to each uplink, needs the netem qdisc (default: %(default)s)")
     p.add_argument("--sizes", default="250K,2M,8M,32M,64M",
-                   help="comma list of fp32 element counts, 1 MB to 256 MB by default (default: %(default)s)")
+                   help="comma list of fp32 element counts, 1 MB to 256 MB (default: %(default)s)")
     p.add_argument("--ops", default="allreduce,allgather,allgather_unequal,broadcast",
                    help="collectives to time (default: %(default)s)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds per cell (default: %(default)s)")

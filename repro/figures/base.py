@@ -656,10 +656,21 @@ def row_key(r: Mapping[str, Any] | Row) -> tuple[str, str]:
     return (d["setting"], d["metric"])
 
 
+SMOKE_VERDICT = "pipeline check"  # what a smoke-size row shows in place of a verdict
+
+
+def shown_verdict(verdict: str, smoke: bool) -> str:
+    """A row's verdict as the console and comparison.md show it: at smoke size (a tiny
+    run that checks the figure's pipeline) a pipeline check, its rule's verdict labelled
+    as not comparable with the paper's."""
+    return f"{SMOKE_VERDICT} (smoke size, not comparable: {verdict})" if smoke else verdict
+
+
 def comparison_markdown(fig: Figure, rows: Sequence[Row],
-                        published: Mapping[str, Any] | None = None) -> str:
+                        published: Mapping[str, Any] | None = None, smoke: bool = False) -> str:
     """comparison.md: one table row per comparison row; with `published` (the published
-    status.json) a column with the published value and verdict of the same row."""
+    status.json) a column with the published value and verdict of the same row. smoke:
+    the rows of a smoke-size run, each shown as a pipeline check (`shown_verdict`)."""
     lines = [f"# {fig.id}: {fig.title}", "", f"Paper claim: {fig.expected}", "",
              ("Reproduced values that are timed carry their interval in brackets (10th–90th "
               "percentile round by round over interleaved rounds, or step by step between two "
@@ -677,11 +688,16 @@ def comparison_markdown(fig: Figure, rows: Sequence[Row],
         lines.insert(5, "")
         head += " published |"
         sep += "---|"
+    if smoke:
+        lines[4:4] = [(f"Smoke size: a {SMOKE_VERDICT} of this figure's code on a tiny run, not "
+                       "a reproduction. Its numbers and the rules' verdicts are not comparable "
+                       "with the paper's or the published ones; run the full size for those."),
+                      ""]
     lines += [head + " rule | cause | reason |", sep + "---|---|---|"]
     for r in rows:
         unit = f" {r.unit}" if r.unit else ""
         cells = [r.setting, f"{r.metric}{unit}", fmt(r.paper), _value_text(asdict(r)),
-                 fmt(r.ratio), r.verdict]
+                 fmt(r.ratio), shown_verdict(r.verdict, smoke)]
         if published is not None:
             p = pub_rows.get(row_key(r))
             cells.append("—" if p is None else f"{_value_text(p)}, {p['verdict']}")
@@ -876,14 +892,18 @@ def run_figure(figure_id: str, size: str = "full", out_root: Path | str | None =
     if not rows:
         raise RuntimeError(f"figure {fig.id} produced no comparison rows")
     write_text(out_dir / "comparison.csv", comparison_csv_text(rows, published))
-    write_text(out_dir / "comparison.md", comparison_markdown(fig, rows, published))
+    write_text(out_dir / "comparison.md", comparison_markdown(fig, rows, published, smoke=ctx.smoke))
     run = {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "elapsed_s": round(elapsed, 1),
            "machine": machine(), "load_before": load_before, "load_after": load_average(),
            "calibration": calibration, "busy": busy, "runs_started": ctx.runs_started,
            "runs_skipped": ctx.runs_skipped}
     status = status_of(fig, size, rows, run)
     write_text(out_dir / "status.json", json.dumps(status, indent=1) + "\n")
-    say(f"{fig.id}: {status['summary']} ({elapsed:.0f} s) -> {out_dir}")
+    if ctx.smoke:
+        say(f"{fig.id}: {SMOKE_VERDICT}: {len(rows)} comparison rows computed at smoke size, "
+            f"none a verdict on the paper's claim ({elapsed:.0f} s) -> {out_dir}")
+    else:
+        say(f"{fig.id}: {status['summary']} ({elapsed:.0f} s) -> {out_dir}")
     if published is not None:
         changes = verdict_changes(rows, published)
         flips = [(r, p) for r, p in changes
@@ -892,8 +912,8 @@ def run_figure(figure_id: str, size: str = "full", out_root: Path | str | None =
             f"{len(rows) - len(changes)} of {len(rows)} rows with the same verdict"
             + (f"; {len(flips)} flipped between holds and does not hold" if flips else ""))
         for r, p in changes:
-            say(f"    {r.setting} / {r.metric}: published {p}, here {r.verdict} "
-                f"({_value_text(asdict(r))})")
+            say(f"    {r.setting} / {r.metric}: published {p}, here "
+                f"{shown_verdict(r.verdict, ctx.smoke)} ({_value_text(asdict(r))})")
     if publish_to is not None:
         to = published_root(publish_to, size)
         written = publish(fig.id, out_dir, to)
