@@ -360,9 +360,15 @@ def write_csv(path: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) 
     write_file(path, write)
 
 
+def header_html(header: str) -> str:
+    """A column header, escaped, that may break after each "/" or "_" as well as at its
+    spaces ("sent/worker/step"), so that the table fits the page without cutting words."""
+    return "".join(html.escape(c) + ("<wbr>" if c in "/_" else "") for c in header)
+
+
 def html_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     e = html.escape
-    head = "".join(f"<th>{e(h)}</th>" for h in headers)
+    head = "".join(f"<th>{header_html(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) else "num"}">'
                                     f"{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
     return f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>\n{body}</tbody></table></div>'
@@ -375,9 +381,6 @@ def write_html(path: str, runs: Sequence[Run], headers: Sequence[str], rows: Seq
     extra = "".join(f"<p><strong>{e(w)}</strong></p>\n" for w in warnings)
     if seeds is not None and seeds[1]:
         extra += "<h2>Over seeds (mean ± std)</h2>\n" + html_table(*seeds) + "\n"
-    head = "".join(f"<th>{e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f'<td class="{"text" if isinstance(v, str) else "num"}">'
-                                    f"{e(fmt(v))}</td>" for v in row) + "</tr>\n" for row in rows)
     figures = "".join(f'<figure><img src="{e(p.file)}" alt="{e(p.title)}"><figcaption>{e(p.title)}'
                       f"</figcaption></figure>\n" for p in plotter.plots)
     skipped = ""
@@ -403,8 +406,7 @@ img {{ display: block; max-width: 100%; height: auto; }}
 <h1>Run comparison — {e(title_suffix(runs))}</h1>
 <p>Generated {e(time.strftime("%Y-%m-%d %H:%M:%S"))} by <code>repro compare</code>. Means are over
 logged steps; "projected" values come from the cost model, not from a measurement.</p>
-<div class="table"><table><thead><tr>{head}</tr></thead><tbody>
-{body}</tbody></table></div>
+{html_table(headers, rows)}
 {extra}{figures}{skipped}
 <h2>Runs</h2><ul>{sources}</ul>
 </body></html>

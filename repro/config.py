@@ -194,6 +194,9 @@ class TrainConfig:
     # run stopped by SIGTERM / SIGINT writes one at the step it stopped.
     checkpoint_every_s: float = 600.0
     keep_checkpoints: int = 2  # the newest N complete checkpoints are kept (0: all)
+    # A checkpoint at the last step, from which the run given more steps goes on; the
+    # figure pipeline turns it off, its finished runs are not extended.
+    checkpoint_at_end: bool = True
     # false: DDP's built-in allreduce instead of our comm hook (compressor=none, real
     # ranks only): the baseline of the hook-overhead benchmark (`repro hookbench`).
     comm_hook: bool = True

@@ -289,7 +289,8 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
 # one), none of which touches the training itself or the local metrics.jsonl / summary.json.
 RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project",
                        "logger.entity", "logger.tags", "logger.notes", "logger.group",
-                       "checkpoint_every", "checkpoint_every_s", "keep_checkpoints")
+                       "checkpoint_every", "checkpoint_every_s", "keep_checkpoints",
+                       "checkpoint_at_end")
 
 # What the readable part of a run's folder name says (repro.config.run_name), and what
 # does not key the folder at all: its own name and group, and its length in steps (a run

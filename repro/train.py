@@ -437,8 +437,9 @@ class Trainer:
                     wandb.log(self.step - 1, metrics)
             stop, due = self.step_flags()
             stop = stop and not last  # a signal at the last step: the run just finishes
-            # The last step is always kept: a finished run given more steps goes on from it.
-            if stop or due or last or (cfg.checkpoint_every
+            # The last step is kept (checkpoint_at_end): a finished run given more steps
+            # goes on from it.
+            if stop or due or (last and cfg.checkpoint_at_end) or (cfg.checkpoint_every
                                        and self.step % cfg.checkpoint_every == 0):
                 self.save_checkpoint()
                 self.checkpoint_saved()

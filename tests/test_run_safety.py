@@ -545,6 +545,18 @@ def test_checkpoints_are_on_by_default_and_only_the_newest_are_kept(tmp_path):
     assert kept == ["LATEST", "step_00000003", "step_00000004"]
 
 
+def test_without_checkpoint_at_end_a_finished_run_keeps_no_final_checkpoint(tmp_path):
+    """The figure pipeline's setting: a short finished run leaves no checkpoint behind,
+    and the key does not re-key the run (the same run with it on is already done)."""
+    run_dir = train(tmp_path, "steps=3", "checkpoint_every=0", "checkpoint_at_end=false")
+    assert os.path.exists(os.path.join(run_dir, "DONE"))
+    ckpt = os.path.join(run_dir, "checkpoints")
+    assert not os.path.isdir(ckpt) or not [p for p in os.listdir(ckpt) if p.startswith("step_")]
+    lines: list[str] = []
+    assert train(tmp_path, "steps=3", "checkpoint_every=0", out=lines) == run_dir
+    assert any("skip" in line.lower() or "done" in line.lower() for line in lines), lines
+
+
 # -- 8. values that pass a type check but not a run ------------------------------------------------
 @pytest.mark.parametrize("override, words", [
     ("cluster.timeout_s=inf", "cluster.timeout_s=inf must be > 0 and at most 604800"),

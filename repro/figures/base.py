@@ -536,7 +536,7 @@ class Context:
 
         group = self.figure.id if not repeat else f"{self.figure.id}-repeat{repeat}"
         args = [*overrides, f"runs_root={self.runs_root}", f"group={group}",
-                "logger.wandb=false", *self.overrides]
+                "logger.wandb=false", "checkpoint_at_end=false", *self.overrides]
         if self.figure.experiment:
             args.insert(0, f"experiment={self.figure.experiment}")
         return launch.train(args, multirun=multirun, out=self.train_out(note),
