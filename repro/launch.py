@@ -689,6 +689,10 @@ def _spawn_entry(rank: int, run_dir: str, world: int, init_file: str,
         os.environ["GLOO_SOCKET_IFNAME"] = netem.IFACE
         init_method = f"tcp://{master}:{RENDEZVOUS_PORT}"
     run_rank(run_dir, rank, world, init_method)
+    from repro.worker import finished_rank_exit
+
+    finished_rank_exit()
+
 
 
 def spawn(run_dir: str, workers: int, network=None) -> None:

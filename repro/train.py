@@ -1004,7 +1004,10 @@ class Heartbeat:
                 return
 
     def stop(self) -> None:
+        """End the beats and wait for the thread: no store call is in flight when the
+        process group and its store are torn down."""
         self._stop.set()
+        self._thread.join(timeout=self.period + 5)
 
     def read(self) -> dict[int, str | None]:
         out: dict[int, str | None] = {}

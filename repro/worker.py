@@ -8,6 +8,18 @@ import sys
 
 from repro.train import run_rank
 
+
+def finished_rank_exit() -> None:
+    """End a rank whose run returned: its process group is destroyed and everything it
+    writes is on disk, so the interpreter's teardown is skipped. That teardown can abort a
+    finished gloo rank (SIGABRT, "terminate called without an active exception", seen
+    now and then on the emulated links) while C++ threads of torch.distributed still
+    hold Python objects, and the launcher would count the finished run as failed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     if len(sys.argv) != 2:
         sys.exit("usage: python -m repro.worker RUN_DIR")
@@ -19,3 +31,4 @@ if __name__ == "__main__":
         rank = os.environ.get("RANK", "?")
         log = failures.record_exception(sys.argv[1], f"rank {rank}", exc)
         sys.exit(f"rank {rank}: {failures.cause(exc)} (traceback in {log})")
+    finished_rank_exit()
