@@ -21,6 +21,7 @@ from compressors.base import (
     Outcome,
     Pattern,
     Segment,
+    Selected,
     Sent,
     Sparsifier,
     SparseSent,
@@ -82,6 +83,6 @@ def default_params(name: str) -> dict:
 __all__ = [
     "AllGather", "AllReduce", "Broadcast", "Compressor", "Context", "DenseSent",
     "ErrorFeedback", "MomentumCorrection", "NoFeedback", "Outcome", "Pattern", "Residual",
-    "Segment", "Sent", "Session", "SimulatedGroup", "SparseSent", "Sparsifier", "build",
+    "Segment", "Selected", "Sent", "Session", "SimulatedGroup", "SparseSent", "Sparsifier", "build",
     "default_params", "drive", "flatten_named", "unflatten", "get_class", "list_compressors", "make_feedback", "register",
 ]

@@ -13,6 +13,7 @@ from compressors.base import (
     Overwritten,
     Pattern,
     Protocol,
+    Selected,
     Sent,
     Sparsifier,
     SparseSent,
@@ -91,8 +92,9 @@ class TopK(Sparsifier):
     """Exact Top-k of |acc| (torch.topk): k̂ = k by construction, and the slow reference
     that the threshold estimators are measured against."""
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        return torch.topk(ops.abs_into_workspace(acc), k, sorted=False).indices
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
+        return Selected.gather(acc, torch.topk(ops.abs_into_workspace(acc), k,
+                                               sorted=False).indices)
 
     def sent_elements(self, numel: int) -> int:
         return target_k(numel, self.ratio)
