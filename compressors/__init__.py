@@ -29,7 +29,6 @@ from compressors.base import (
     unflatten,
 )
 from compressors.feedback import ErrorFeedback, MomentumCorrection, NoFeedback, Residual, make_feedback
-from compressors.kernels import ops as _native  # the name repro/bench.py and three test files use
 from compressors.registry import default_params as _default_params
 from compressors.registry import get_class as _get_class
 from compressors.registry import register

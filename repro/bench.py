@@ -66,6 +66,7 @@ import torch
 
 import compressors
 from compressors.base import check_ratio, index_dtype, sparse_mean, target_k
+from compressors.kernels import ops
 from compressors.requests import AllGather, AllReduce, Broadcast, as_round
 from compressors.session import Session
 from repro import sources
@@ -535,8 +536,7 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
         floor.update(fwht_ms=1e3 * fwht_s, fwht_min_ms=1e3 * fwht_min,
                      fwht_numel=padded.numel())
         del padded
-    native = getattr(compressors, "_native", None)
-    floor["native_kernels"] = bool(native is not None and native.supports(x))
+    floor["native_kernels"] = ops.supports(x)
     report["floor"].append(floor)
 
     def cap_note(what: str, n: int) -> None:
