@@ -351,13 +351,13 @@ class Compressor(abc.ABC):
     default_feedback: ClassVar[str] = "residual"
     # Lossless up to dtype rounding: no estimator to check.
     exact: ClassVar[bool] = False
-    # What one exchange covers in training, where the caller (the DDP hook, the trainer)
-    # chooses: "layer" (each parameter tensor alone, the setting of most papers), "bucket"
-    # (a DDP bucket as one tensor) or "model" (the worker's whole gradient as one tensor,
-    # with the layout of its parameters). `scope` is this compressor's default, the
-    # setting of its paper; `scopes` the ones it accepts.
-    scope: ClassVar[str] = "layer"
-    scopes: ClassVar[tuple[str, ...]] = ("layer", "bucket", "model")
+    # What one exchange covers in training (`granularity`, where the caller, the DDP hook
+    # or the trainer, chooses): "layer" (each parameter tensor alone, the setting of most
+    # papers), "bucket" (a DDP bucket as one tensor) or "model" (the worker's whole
+    # gradient as one tensor, with the layout of its parameters). `default_granularity` is
+    # this compressor's, the setting of its paper; `granularities` the ones it accepts.
+    default_granularity: ClassVar[str] = "layer"
+    granularities: ClassVar[tuple[str, ...]] = ("layer", "bucket", "model")
 
     def params(self) -> dict[str, Any]:
         """Constructor arguments and their current values (for configs and logs)."""
@@ -388,27 +388,30 @@ class Compressor(abc.ABC):
         return False
 
 
-SCOPES = ("layer", "bucket", "model")
+GRANULARITIES = ("layer", "bucket", "model")
 
 
-def resolve_scope(compressor: Compressor, scope: str) -> str:
-    """"default" → the compressor's own (Compressor.scope, its paper's setting); any other
-    value checked against the ones it accepts (Compressor.scopes), with the reason when
-    refused."""
-    if scope == "default":
-        return compressor.scope
-    if scope not in SCOPES:
-        raise ValueError(f"granularity={scope!r}: choose 'default', "
-                         + ", ".join(f"'{g}'" for g in SCOPES))
-    if scope not in compressor.scopes:
+def resolve_granularity(compressor: Compressor, granularity: str) -> str:
+    """"default" → the compressor's own (Compressor.default_granularity, its paper's
+    setting); any other value checked against the ones it accepts
+    (Compressor.granularities), with the reason when refused."""
+    if granularity == "default":
+        return compressor.default_granularity
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r}: choose 'default', "
+                         + ", ".join(f"'{g}'" for g in GRANULARITIES))
+    if granularity not in compressor.granularities:
         raise ValueError(
-            f"granularity={scope!r} is refused for {compressor.name!r}: its algorithm works "
-            f"across the tensors of one exchange (its paper's setting: {compressor.scope!r}); "
-            "per parameter tensor it would run one independent instance per tensor, give "
-            "every small tensor at least one selection per worker and allocate nothing "
-            "across layers. Use granularity="
-            + " or ".join(repr(g) for g in compressor.scopes))
-    return scope
+            f"granularity={granularity!r} is refused for {compressor.name!r}: its algorithm "
+            "works across the tensors of one exchange (its paper's setting: "
+            f"{compressor.default_granularity!r}); per parameter tensor it would run one "
+            "independent instance per tensor, give every small tensor at least one selection "
+            "per worker and allocate nothing across layers. Use granularity="
+            + " or ".join(repr(g) for g in compressor.granularities))
+    return granularity
+
+
+resolve_scope = resolve_granularity  # the name repro/config.py imports
 
 
 class Sparsifier(Compressor):

@@ -42,7 +42,7 @@ class CyclicLocalTopK(Compressor):
     sparse = True
     default_feedback = "residual"
     # The leader's top-k runs over the whole gradient, as DEFT compares it.
-    scope = "model"
+    default_granularity = "model"
 
     def __init__(self, ratio: float = 0.01):
         self.ratio = check_ratio(ratio)

@@ -240,8 +240,8 @@ class DEFT(Compressor):
     # Algorithm 3 spreads k over all the model's layers by their norms, and Algorithm 2
     # splits only layers larger than d/n: one DEFT per parameter tensor would give every
     # small tensor at least one selection per worker and no allocation across layers.
-    scope = "model"
-    scopes = ("model", "bucket")
+    default_granularity = "model"
+    granularities = ("model", "bucket")
 
     def __init__(self, ratio: float = 0.001, fill_remainder: bool = True):
         self.ratio = check_ratio(ratio)
