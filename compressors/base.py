@@ -17,7 +17,7 @@ import inspect
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -25,7 +25,12 @@ from compressors.kernels import ops
 from compressors.kernels.types import Selected
 from compressors.requests import AllGather, AllReduce, Request
 
-Protocol = Generator["Request | tuple[Request, ...]", Any, "Outcome"]
+Result = TypeVar("Result")
+# One worker's side of a collective exchange: a generator that yields requests (one, or a
+# round of several issued together), is sent their answers, and returns its result: the
+# Outcome of a compressor's `protocol`, the mean of allreduce_mean. Both drivers (the
+# simulated one, the DDP hook's) run it; written Exchange[Outcome] and so on.
+Exchange = Generator["Request | tuple[Request, ...]", Any, Result]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -373,7 +378,7 @@ class Compressor(abc.ABC):
         return f"{type(self).__name__}({args})"
 
     @abc.abstractmethod
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         """One worker's side of one step on the flat, error-compensated gradient."""
 
     def sent_elements(self, numel: int) -> int | None:
@@ -436,7 +441,7 @@ class Sparsifier(Compressor):
         extra), the values acc's at the indices (Selected.gather reads them), extra the
         selection's diagnostics (threshold, stages, ...), which land in Outcome.extra."""
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         k = self.target(numel)
         chosen = self.select(acc, k, ctx)
@@ -456,7 +461,7 @@ class Sparsifier(Compressor):
         )
 
 
-def dense_allreduce(acc: torch.Tensor, ctx: Context):
+def dense_allreduce(acc: torch.Tensor, ctx: Context) -> Exchange[tuple[torch.Tensor, Sent]]:
     """The uncompressed exchange (`none`, PowerSGD's warm-up): (the mean of acc over
     ranks, this worker's Sent). Reduced in acc's own memory where the caller gave it up
     (ctx.acc_writable, or `out` that is acc itself: no error feedback), as DDP's own
@@ -471,7 +476,7 @@ def dense_allreduce(acc: torch.Tensor, ctx: Context):
     return total, sent
 
 
-def allreduce_mean(tensor: torch.Tensor, world_size: int) -> Protocol:
+def allreduce_mean(tensor: torch.Tensor, world_size: int) -> Exchange[torch.Tensor]:
     """Sum a dense tensor across ranks and divide by world size (in place)."""
     total = yield AllReduce(tensor)
     if world_size > 1:

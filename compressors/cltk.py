@@ -17,9 +17,9 @@ from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
+    Exchange,
     Outcome,
     Pattern,
-    Protocol,
     SparseSent,
     check_ratio,
     index_dtype,
@@ -47,7 +47,7 @@ class CyclicLocalTopK(Compressor):
     def __init__(self, ratio: float = 0.01):
         self.ratio = check_ratio(ratio)
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
         select_s = 0.0

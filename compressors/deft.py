@@ -50,9 +50,9 @@ from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
+    Exchange,
     Outcome,
     Pattern,
-    Protocol,
     Segment,
     SparseSent,
     check_ratio,
@@ -258,7 +258,7 @@ class DEFT(Compressor):
             cached = ctx.state["deft_partitioning"] = (key, parts)
         return cached[1]
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         n = ctx.world_size
         k = target_k(numel, self.ratio)
