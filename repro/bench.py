@@ -322,25 +322,6 @@ def floor_calibration(numel: int = 2**22, calls: int = 21, threads: int | None =
             "threads": threads if threads is not None else old}
 
 
-def time_exchanges(session: Session, x: torch.Tensor, repeats: int, budget_s: float,
-                   out: torch.Tensor | None = None,
-                   ) -> tuple[tuple[float, float], tuple[float, float], int, Any]:
-    """repeat_median of single-worker exchanges of `x` (steps 0, 1, ...), decoding into
-    `out` where the compressor can: the (encode, decode) medians and minima in seconds,
-    the number of timed calls, and the last exchange's Outcome."""
-    step = [0]
-    last: dict[str, Any] = {}
-
-    def sample() -> tuple[float, float]:
-        out_, enc, dec = exchange_once(session, x, step[0], out=out)
-        step[0] += 1
-        last["outcome"] = out_
-        return enc, dec
-
-    medians, minima, n = repeat_median(sample, repeats, budget_s)
-    return medians, minima, n, last["outcome"]
-
-
 def sparse_payloads(
     numel: int, k: int, workers: int, seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
