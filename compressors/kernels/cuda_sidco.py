@@ -24,7 +24,7 @@ for the device and the device for the host. Here the thresholds stay on the devi
   in ascending order;
 - the final selection is written the same way, and one copy to the host (`read`) brings
   back its size, the thresholds and the flags;
-- once the previous steps' thresholds are known (sidco._speculation_bounds), the first
+- once the previous steps' thresholds are known (sidco_pipeline.speculation_bounds), the first
   read of acc also keeps what stage 2 needs near the guessed first threshold and the pool
   above the guessed second one (`speculate`, one pass that compacts in acc's order by a
   decoupled look-back), so acc is read once per step instead of four times; where the
@@ -56,7 +56,7 @@ triton, tl = gpu.triton, gpu.tl
 
 FLAG_NONFINITE = 1  # the first read's Σ|x| is not finite: a NaN or an Inf
 FLAG_ZERO = 2  # every element is zero
-FLAG_UNSAFE = 4  # mean |x| outside threshold.SAFE_MEAN: the host path rescales first
+FLAG_UNSAFE = 4  # mean |x| outside numerics.SAFE_MEAN: the host path rescales first
 FLAG_REDO = 8  # left to the host-driven path (see the module docstring)
 FLAG_OVERFLOW = 16  # with FLAG_REDO: a pool outgrew its buffer (the caller may size them up)
 FLAG_MISS = 32  # the speculative read's bounds did not hold: redo the step without them
@@ -336,7 +336,7 @@ if triton is not None:
                    R: tl.constexpr):
         # the partials (count, Σy, Σy² rows of `rows` columns) added in program order,
         # then the stage's threshold into `slot_out`: compressors/sidco.py's schedule and
-        # exponential_quantile or _gpareto_threshold, in the same float64 operations.
+        # exponential_quantile or gpareto_threshold, in the same float64 operations.
         # FIRST: stage 1 (location 0, its flags) on the nonzeros (row 5): want_bits holds
         # δ, `left` M, first_bits δ₁ and first_log_bits ln(1/δ₁); at ρ = δ·(d/n₀) when
         # M = 1 or ρ ≥ δ₁ (the stop word then says one stage), else at δ₁; ρ ≥ 1 (every

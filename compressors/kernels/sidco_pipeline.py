@@ -42,8 +42,7 @@ from compressors.kernels.types import NonFinite, Selected, Stats
 
 # Speculation: the first read also takes what the second stage needs for a first
 # threshold within ±5% of the one guessed from the last two steps', and the pool above
-# 95% of the guessed second threshold (the drift and the share of steps where that holds,
-# in training: benchmarks/kernels/sidco_speculation.py).
+# 95% of the guessed second threshold.
 SPECULATION_MARGIN = 0.05
 
 # A later stage compacts its pool to the exceedances of the last threshold when they are
