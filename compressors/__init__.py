@@ -21,6 +21,7 @@ from compressors.base import (
     Outcome,
     Pattern,
     Segment,
+    Selected,
     Sent,
     Sparsifier,
     SparseSent,
@@ -28,7 +29,6 @@ from compressors.base import (
     unflatten,
 )
 from compressors.feedback import ErrorFeedback, MomentumCorrection, NoFeedback, Residual, make_feedback
-from compressors.kernels import ops as _native  # the name repro/bench.py and three test files use
 from compressors.registry import default_params as _default_params
 from compressors.registry import get_class as _get_class
 from compressors.registry import register
@@ -82,6 +82,6 @@ def default_params(name: str) -> dict:
 __all__ = [
     "AllGather", "AllReduce", "Broadcast", "Compressor", "Context", "DenseSent",
     "ErrorFeedback", "MomentumCorrection", "NoFeedback", "Outcome", "Pattern", "Residual",
-    "Segment", "Sent", "Session", "SimulatedGroup", "SparseSent", "Sparsifier", "build",
+    "Segment", "Selected", "Sent", "Session", "SimulatedGroup", "SparseSent", "Sparsifier", "build",
     "default_params", "drive", "flatten_named", "unflatten", "get_class", "list_compressors", "make_feedback", "register",
 ]

@@ -17,7 +17,7 @@ import inspect
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import torch
 
@@ -25,7 +25,12 @@ from compressors.kernels import ops
 from compressors.kernels.types import Selected
 from compressors.requests import AllGather, AllReduce, Request
 
-Protocol = Generator["Request | tuple[Request, ...]", Any, "Outcome"]
+Result = TypeVar("Result")
+# One worker's side of a collective exchange: a generator that yields requests (one, or a
+# round of several issued together), is sent their answers, and returns its result: the
+# Outcome of a compressor's `protocol`, the mean of allreduce_mean. Both drivers (the
+# simulated one, the DDP hook's) run it; written Exchange[Outcome] and so on.
+Exchange = Generator["Request | tuple[Request, ...]", Any, Result]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -351,13 +356,13 @@ class Compressor(abc.ABC):
     default_feedback: ClassVar[str] = "residual"
     # Lossless up to dtype rounding: no estimator to check.
     exact: ClassVar[bool] = False
-    # What one exchange covers in training, where the caller (the DDP hook, the trainer)
-    # chooses: "layer" (each parameter tensor alone, the setting of most papers), "bucket"
-    # (a DDP bucket as one tensor) or "model" (the worker's whole gradient as one tensor,
-    # with the layout of its parameters). `scope` is this compressor's default, the
-    # setting of its paper; `scopes` the ones it accepts.
-    scope: ClassVar[str] = "layer"
-    scopes: ClassVar[tuple[str, ...]] = ("layer", "bucket", "model")
+    # What one exchange covers in training (`granularity`, where the caller, the DDP hook
+    # or the trainer, chooses): "layer" (each parameter tensor alone, the setting of most
+    # papers), "bucket" (a DDP bucket as one tensor) or "model" (the worker's whole
+    # gradient as one tensor, with the layout of its parameters). `default_granularity` is
+    # this compressor's, the setting of its paper; `granularities` the ones it accepts.
+    default_granularity: ClassVar[str] = "layer"
+    granularities: ClassVar[tuple[str, ...]] = ("layer", "bucket", "model")
 
     def params(self) -> dict[str, Any]:
         """Constructor arguments and their current values (for configs and logs)."""
@@ -373,7 +378,7 @@ class Compressor(abc.ABC):
         return f"{type(self).__name__}({args})"
 
     @abc.abstractmethod
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         """One worker's side of one step on the flat, error-compensated gradient."""
 
     def sent_elements(self, numel: int) -> int | None:
@@ -388,27 +393,30 @@ class Compressor(abc.ABC):
         return False
 
 
-SCOPES = ("layer", "bucket", "model")
+GRANULARITIES = ("layer", "bucket", "model")
 
 
-def resolve_scope(compressor: Compressor, scope: str) -> str:
-    """"default" → the compressor's own (Compressor.scope, its paper's setting); any other
-    value checked against the ones it accepts (Compressor.scopes), with the reason when
-    refused."""
-    if scope == "default":
-        return compressor.scope
-    if scope not in SCOPES:
-        raise ValueError(f"granularity={scope!r}: choose 'default', "
-                         + ", ".join(f"'{g}'" for g in SCOPES))
-    if scope not in compressor.scopes:
+def resolve_granularity(compressor: Compressor, granularity: str) -> str:
+    """"default" → the compressor's own (Compressor.default_granularity, its paper's
+    setting); any other value checked against the ones it accepts
+    (Compressor.granularities), with the reason when refused."""
+    if granularity == "default":
+        return compressor.default_granularity
+    if granularity not in GRANULARITIES:
+        raise ValueError(f"granularity={granularity!r}: choose 'default', "
+                         + ", ".join(f"'{g}'" for g in GRANULARITIES))
+    if granularity not in compressor.granularities:
         raise ValueError(
-            f"granularity={scope!r} is refused for {compressor.name!r}: its algorithm works "
-            f"across the tensors of one exchange (its paper's setting: {compressor.scope!r}); "
-            "per parameter tensor it would run one independent instance per tensor, give "
-            "every small tensor at least one selection per worker and allocate nothing "
-            "across layers. Use granularity="
-            + " or ".join(repr(g) for g in compressor.scopes))
-    return scope
+            f"granularity={granularity!r} is refused for {compressor.name!r}: its algorithm "
+            "works across the tensors of one exchange (its paper's setting: "
+            f"{compressor.default_granularity!r}); per parameter tensor it would run one "
+            "independent instance per tensor, give every small tensor at least one selection "
+            "per worker and allocate nothing across layers. Use granularity="
+            + " or ".join(repr(g) for g in compressor.granularities))
+    return granularity
+
+
+resolve_scope = resolve_granularity  # the name repro/config.py imports
 
 
 class Sparsifier(Compressor):
@@ -423,26 +431,21 @@ class Sparsifier(Compressor):
     def __init__(self, ratio: float = 0.01):
         self.ratio = check_ratio(ratio)
 
-    @abc.abstractmethod
-    def select(self, acc: torch.Tensor, k: int, ctx: Context
-               ) -> torch.Tensor | Selected | tuple[torch.Tensor, dict]:
-        """Indices (1-D, int64 or int32, unique) this worker sends, optionally with a dict
-        of diagnostics (threshold, stages, ...) that lands in Outcome.extra, or Selected
-        (the indices with their values)."""
+    def target(self, numel: int) -> int:
+        """k, the elements to select of a tensor of numel: ⌊d·δ⌋, at least 1 (target_k)."""
+        return target_k(numel, self.ratio)
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    @abc.abstractmethod
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
+        """What this worker sends of acc for a target of k: Selected(indices, values,
+        extra), the values acc's at the indices (Selected.gather reads them), extra the
+        selection's diagnostics (threshold, stages, ...), which land in Outcome.extra."""
+
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
-        k = target_k(numel, self.ratio)
+        k = self.target(numel)
         chosen = self.select(acc, k, ctx)
-        extra: dict[str, Any] = {}
-        values = None
-        if isinstance(chosen, Selected):
-            chosen, values = chosen
-        elif isinstance(chosen, tuple):
-            chosen, extra = chosen
-        indices = chosen.to(index_dtype(numel))
-        if values is None:
-            values = acc.index_select(0, indices)  # (not acc[indices]: 2x slower on cold lines)
+        indices, values = chosen.indices.to(index_dtype(numel)), chosen.values
         all_idx, all_val = yield (AllGather(indices), AllGather(values))
         aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
                                 out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,
@@ -454,11 +457,11 @@ class Sparsifier(Compressor):
             selected=indices.numel(),
             target=k,
             union=union,
-            extra=extra,
+            extra=dict(chosen.extra),
         )
 
 
-def dense_allreduce(acc: torch.Tensor, ctx: Context):
+def dense_allreduce(acc: torch.Tensor, ctx: Context) -> Exchange[tuple[torch.Tensor, Sent]]:
     """The uncompressed exchange (`none`, PowerSGD's warm-up): (the mean of acc over
     ranks, this worker's Sent). Reduced in acc's own memory where the caller gave it up
     (ctx.acc_writable, or `out` that is acc itself: no error feedback), as DDP's own
@@ -473,7 +476,7 @@ def dense_allreduce(acc: torch.Tensor, ctx: Context):
     return total, sent
 
 
-def allreduce_mean(tensor: torch.Tensor, world_size: int) -> Protocol:
+def allreduce_mean(tensor: torch.Tensor, world_size: int) -> Exchange[torch.Tensor]:
     """Sum a dense tensor across ranks and divide by world size (in place)."""
     total = yield AllReduce(tensor)
     if world_size > 1:

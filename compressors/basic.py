@@ -9,10 +9,11 @@ from compressors.base import (
     Compressor,
     Context,
     DecodedSent,
+    Exchange,
     Outcome,
     Overwritten,
     Pattern,
-    Protocol,
+    Selected,
     Sent,
     Sparsifier,
     SparseSent,
@@ -34,7 +35,7 @@ class NoCompression(Compressor):
     default_feedback = "none"
     exact = True
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         total, sent = yield from dense_allreduce(acc, ctx)
         return Outcome(aggregate=total, sent=sent)
 
@@ -55,7 +56,7 @@ class HalfPrecision(Compressor):
             raise ValueError(f"fp16 dtype={dtype!r}: choose 'float16' or 'bfloat16'")
         self.dtype = dtype
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         wire_dtype = getattr(torch, self.dtype)
         # The wire, kept between steps on the CPU (never acc itself: it is not ours)
         half = ctx.workspace("wire", acc.numel(), wire_dtype, acc.device).copy_(acc.reshape(-1))
@@ -91,8 +92,9 @@ class TopK(Sparsifier):
     """Exact Top-k of |acc| (torch.topk): k̂ = k by construction, and the slow reference
     that the threshold estimators are measured against."""
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor:
-        return torch.topk(ops.abs_into_workspace(acc), k, sorted=False).indices
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
+        return Selected.gather(acc, torch.topk(ops.abs_into_workspace(acc), k,
+                                               sorted=False).indices)
 
     def sent_elements(self, numel: int) -> int:
         return target_k(numel, self.ratio)
@@ -141,7 +143,7 @@ class RandomK(Compressor):
         self.ratio = check_ratio(ratio)
         self.unbiased = bool(unbiased)
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
         g = torch.Generator(device=acc.device)

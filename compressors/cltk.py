@@ -17,9 +17,9 @@ from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
+    Exchange,
     Outcome,
     Pattern,
-    Protocol,
     SparseSent,
     check_ratio,
     index_dtype,
@@ -42,12 +42,12 @@ class CyclicLocalTopK(Compressor):
     sparse = True
     default_feedback = "residual"
     # The leader's top-k runs over the whole gradient, as DEFT compares it.
-    scope = "model"
+    default_granularity = "model"
 
     def __init__(self, ratio: float = 0.01):
         self.ratio = check_ratio(ratio)
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
         select_s = 0.0

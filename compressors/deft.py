@@ -50,9 +50,9 @@ from compressors.kernels import ops
 from compressors.base import (
     Compressor,
     Context,
+    Exchange,
     Outcome,
     Pattern,
-    Protocol,
     Segment,
     SparseSent,
     check_ratio,
@@ -240,8 +240,8 @@ class DEFT(Compressor):
     # Algorithm 3 spreads k over all the model's layers by their norms, and Algorithm 2
     # splits only layers larger than d/n: one DEFT per parameter tensor would give every
     # small tensor at least one selection per worker and no allocation across layers.
-    scope = "model"
-    scopes = ("model", "bucket")
+    default_granularity = "model"
+    granularities = ("model", "bucket")
 
     def __init__(self, ratio: float = 0.001, fill_remainder: bool = True):
         self.ratio = check_ratio(ratio)
@@ -258,7 +258,7 @@ class DEFT(Compressor):
             cached = ctx.state["deft_partitioning"] = (key, parts)
         return cached[1]
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         n = ctx.world_size
         k = target_k(numel, self.ratio)

@@ -25,22 +25,9 @@ import math
 
 import torch
 
-from compressors.base import (
-    Context,
-    Outcome,
-    Protocol,
-    SparseSent,
-    Sparsifier,
-    check_ratio,
-    index_dtype,
-    sparse_mean,
-    target_k,
-    union_size,
-)
+from compressors.base import Context, Selected, Sparsifier, check_ratio
 from compressors.kernels import ops
-from compressors.kernels.ops import Selected
 from compressors.registry import register
-from compressors.requests import AllGather
 
 
 def check_sampling(sample_ratio: float, min_sample_top: int) -> tuple[float, int]:
@@ -162,21 +149,15 @@ class DGC(Sparsifier):
             )
         self.max_overselect = float(max_overselect)
 
-    def target(self, numel: int) -> int:
-        """k for a tensor of numel elements: ⌊d·δ⌋, at least 1 (target_k)."""
-        return target_k(numel, self.ratio)
-
     def overselect_limit(self, k: int) -> int:
         """Most elements kept without re-top-k: ⌊max_overselect·k⌋ (a limit past 2^62
         means never: more elements than any tensor holds)."""
         limit = self.max_overselect * k * (1 + 1e-12)
         return max(k, math.floor(min(limit, 2.0**62)))
 
-    def select_with_stats(
-        self, acc: torch.Tensor, k: int, ctx: Context
-    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
-        """(indices, threshold, candidates above the threshold, acc's values at the
-        indices, written by the selection pass)."""
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
+        """The candidates at or above the sampled threshold, re-top-k'd above the limit;
+        extra: the threshold, the candidates' count and whether the re-top-k ran."""
         threshold = sample_threshold(
             acc, self.ratio, k, self.sample_ratio, self.min_sample_top, ctx.generator
         )
@@ -187,38 +168,13 @@ class DGC(Sparsifier):
         candidates, values = ops.select(acc, threshold, values=True, signed=True,
                                         check_finite=ctx.check_finite, reserve=k)
         count = candidates.numel()
-        if count > self.overselect_limit(k):  # the re-top-k among the candidates
+        retopk = count > self.overselect_limit(k)
+        if retopk:  # the re-top-k among the candidates
             best = torch.topk(values.abs(), k, sorted=False).indices
             candidates, values = candidates[best], values[best]
-        return candidates, threshold, count, values
-
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
-        indices, _, _, values = self.select_with_stats(acc, k, ctx)
-        return Selected(indices, values)
+        return Selected(candidates, values,
+                        {"threshold": float(threshold), "candidates": count, "retopk": retopk})
 
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         # The sample reads 1% of acc; the fused selection pass reads all of it and checks.
         return ops.supports(acc)
-
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
-        numel = acc.numel()
-        k = self.target(numel)
-        indices, threshold, count, values = self.select_with_stats(acc, k, ctx)
-        indices = indices.to(index_dtype(numel))
-        all_idx, all_val = yield (AllGather(indices), AllGather(values))
-        aggregate = sparse_mean(all_idx, all_val, numel, ctx.world_size, acc.dtype,
-                                out=ctx.aggregate_buffer(numel, acc.dtype, acc.device,
-                                                         zero=False))
-        union = union_size(all_idx) if ctx.measure else None
-        return Outcome(
-            aggregate=aggregate,
-            sent=SparseSent(indices, values),
-            selected=indices.numel(),
-            target=k,
-            union=union,
-            extra={
-                "threshold": float(threshold),
-                "candidates": count,
-                "retopk": count > self.overselect_limit(k),
-            },
-        )

@@ -42,14 +42,10 @@ import math
 
 import torch
 
-from compressors.base import Context, Protocol
+from compressors.base import Context, Selected
 from compressors.dgc import DGC, sample_size
 from compressors.registry import register
 from compressors.threshold import check_finite_range, check_positive_int
-
-# ctx.state key under which select_with_stats leaves the step's lowering count for
-# `protocol` (popped in the same step).
-_LOWERINGS = "_lowerings"
 
 
 def ceil_count(numel: int, ratio: float) -> int:
@@ -90,9 +86,7 @@ class DGCReference(DGC):
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         return False  # no fused pass: the Session checks acc itself
 
-    def select_with_stats(
-        self, acc: torch.Tensor, k: int, ctx: Context
-    ) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         numel = acc.numel()
         importance = torch.abs(
             acc, out=ctx.workspace("dgc_reference.abs", numel, acc.dtype, acc.device))
@@ -112,14 +106,9 @@ class DGCReference(DGC):
             threshold = threshold * self.lower_bound
             candidates = torch.nonzero(torch.ge(importance, threshold, out=mask)).view(-1)
             lowerings += 1
-        ctx.state[_LOWERINGS] = lowerings
         count = candidates.numel()
         if count > k:  # the k largest among the candidates: never more than k
             best = torch.topk(importance[candidates], k, sorted=False).indices
             candidates = candidates[best]
-        return candidates, threshold, count, acc.index_select(0, candidates)
-
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
-        outcome = yield from super().protocol(acc, ctx)
-        outcome.extra["lowerings"] = ctx.state.pop(_LOWERINGS, 0)
-        return outcome
+        return Selected.gather(acc, candidates, threshold=float(threshold), candidates=count,
+                               retopk=count > k, lowerings=lowerings)

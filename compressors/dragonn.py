@@ -29,7 +29,7 @@ import math
 
 import torch
 
-from compressors.base import (Compressor, Context, Outcome, Pattern, Protocol, SparseSent,
+from compressors.base import (Compressor, Context, Exchange, Outcome, Pattern, SparseSent,
                               check_ratio, index_dtype, sparse_mean, target_k, union_size)
 from compressors.dgc import check_sampling, sample_threshold
 from compressors.kernels import dragonn_pipeline, ops
@@ -114,7 +114,7 @@ class Dragonn(Compressor):
         # The sample reads 1% of acc; the fused encoding reads all of it and checks.
         return ops.supports(acc)
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         k = target_k(numel, self.ratio)
         m = self.memory_size(numel)

@@ -74,8 +74,10 @@ class MomentumCorrection(ErrorFeedback):
     """DGC momentum correction (Lin et al. 2018, Section 3.2): u ← m·u + g; v ← v + u;
     send sparse(v); both u and v are zeroed where sent (momentum factor masking). With
     `nesterov`, u ← m·(u + g); v ← v + u + g (the Nesterov form of DGC's code). This
-    momentum REPLACES the optimizer's: the trainer runs SGD without momentum on the
-    decoded aggregate when this feedback is on (repro.train.optimizer_for_feedback)."""
+    momentum takes the place of an SGD optimizer's, which must not apply momentum to the
+    gradient again: the suite's trainer then steps with repro.optim.MomentumCorrectedSGD,
+    whose momentum applies to weight decay only (repro.config.training_plan decides; an
+    Adam task keeps Adam)."""
 
     name = "momentum"
 

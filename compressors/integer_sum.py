@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compressors.base import Compressor, Context, Pattern, Protocol
+from compressors.base import Compressor, Context, Exchange, Pattern
 from compressors.requests import AllGather, AllReduce, Broadcast
 from compressors.session import mix_seed
 
@@ -225,7 +225,7 @@ class IntegerSum(Compressor):
         values: torch.Tensor | None,
         dtype: torch.dtype,
         ctx: Context,
-    ) -> Protocol:
+    ) -> Exchange[Received]:
         """Sum every worker's table values T[z] (identity table when `values` is None).
         `indices`: this worker's b-bit indices z (1-D; needed by the parameter server
         only); `mine`: its values T[z] (any integer dtype whose values fit `dtype`: they

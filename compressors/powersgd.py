@@ -33,9 +33,9 @@ import torch
 from compressors.base import (
     Compressor,
     Context,
+    Exchange,
     Outcome,
     Pattern,
-    Protocol,
     Segment,
     Sent,
     dense_allreduce,
@@ -298,7 +298,7 @@ class PowerSGD(Compressor):
 
     # -- one step ----------------------------------------------------------------------
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         flat = acc if acc.is_contiguous() else acc.contiguous()
         plan = self._plan(flat, ctx)
         world = ctx.world_size

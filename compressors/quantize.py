@@ -24,9 +24,9 @@ from compressors.base import (
     Compressor,
     Context,
     DecodedSent,
+    Exchange,
     Outcome,
     Pattern,
-    Protocol,
     Segment,
     Sent,
 )
@@ -260,7 +260,7 @@ class SignSGD(Compressor):
             )
         self.aggregation = aggregation
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         groups = _groups(ctx, acc)
         packed = pack_signs(acc)
@@ -305,7 +305,7 @@ class EFSignSGD(Compressor):
     pattern = ALLGATHER
     default_feedback = "residual"
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         work = _work_dtype(acc.dtype)
         groups = _groups(ctx, acc)
@@ -397,7 +397,7 @@ class QSGD(Compressor):
             bucket_size, "bucket_size", "the number of elements sharing one norm"
         )
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         work = _work_dtype(acc.dtype)
         x = acc.to(work)
@@ -469,7 +469,7 @@ class TernGrad(Compressor):
             # Per-worker scales: the ternaries cannot be summed, they are allgathered.
             self.pattern = ALLGATHER
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         numel = acc.numel()
         work = _work_dtype(acc.dtype)
         x = acc.to(work)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Generator
 from typing import Any
 
 import torch
 
-from compressors.base import FLOAT_DTYPES, Compressor, Context, Outcome, Segment
+from compressors.base import FLOAT_DTYPES, Compressor, Context, Exchange, Outcome, Segment
 from compressors.feedback import ErrorFeedback, make_feedback
 from compressors.kernels import ops
 from compressors.kernels.ops import all_finite  # the gradient check (repro.hooks too)
@@ -167,7 +166,7 @@ class Session:
         writable: bool = False,
         finite_checked: bool = False,
         out: torch.Tensor | None = None,
-    ) -> Generator[Any, Any, Outcome]:
+    ) -> Exchange[Outcome]:
         """Run one step for one tensor. Yields the compressor's requests unchanged and
         returns its Outcome with bytes and timings filled in. `writable=True` lets the
         protocol overwrite `grad` (a DDP bucket buffer without error feedback).

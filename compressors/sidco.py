@@ -64,7 +64,7 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from compressors.base import Context
+from compressors.base import Context, Selected
 from compressors.kernels import sidco_pipeline
 from compressors.kernels.magnitudes import (
     magnitudes,
@@ -73,13 +73,12 @@ from compressors.kernels.magnitudes import (
     nonzero_indices,
     rescale_for_moments,
 )
-from compressors.kernels.types import Selected
 from compressors.registry import register
 from compressors.threshold import (
     ThresholdSparsifier,
     check_finite_range,
     check_positive_int,
-    empty_indices,
+    nothing_selected,
 )
 
 # Below this coefficient of variation (σ²/μ² < 1e-10) data are numerically constant for
@@ -308,22 +307,22 @@ class _SIDCo(ThresholdSparsifier):
 
     # -- the step (Sparsify) ------------------------------------------------------------
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         state = ctx.state
         stages = state.get("stages", self.initial_stages)
         found = sidco_pipeline.select(acc, k, stages, self, state, ctx.check_finite)
         if found is None:  # the kernels do not take acc, or its mean needs rescaling
-            found = (*self.select_reference(acc, stages), None)
+            indices, threshold = self.select_reference(acc, stages)
+            found = (None if indices is None else Selected.gather(acc, indices), threshold,
+                     None)
         # kept only once the first read of acc has passed (ctx.check_finite: nothing is
         # written before a NaN/Inf is found)
         state["stages"] = stages
-        indices, threshold, state["speculated"] = found  # (the fused paths' diagnostic)
+        chosen, threshold, state["speculated"] = found  # (the fused paths' diagnostic)
         reported = self._reported_stages(stages)
-        if indices is None:  # all zero: nothing to send, and no information for adaptation
-            self.report(ctx, stages=reported, threshold=0.0)
-            return empty_indices(acc.device)
-        chosen = indices.indices if isinstance(indices, Selected) else indices
-        fitted = chosen.numel()  # what the fits selected: the quality stage adaptation sees
+        if chosen is None:  # all zero: nothing to send, and no information for adaptation
+            return nothing_selected(acc, stages=reported, threshold=0.0)
+        fitted = chosen.indices.numel()  # what the fits selected: the quality adaptation sees
         if fitted == 0 and self.ratio * acc.numel() < 1:
             # Fewer than 1/δ values (16 at δ = 0.01): the fitted (1 − δ)-quantile lies
             # beyond the largest of them in most steps (the exponential's mean·ln(1/δ)
@@ -331,11 +330,11 @@ class _SIDCo(ThresholdSparsifier):
             # would send nothing and its error-feedback residual grow without bound; its
             # largest value is sent instead (k = 1).
             top = torch.topk(acc.reshape(-1).abs(), k)
-            indices, threshold = top.indices.sort().values, float(top.values.min())
-        self.report(ctx, stages=reported, threshold=threshold)
+            chosen = Selected.gather(acc, top.indices.sort().values)
+            threshold = float(top.values.min())
         if self.adaptive and self.ratio < self.first_stage_ratio:  # lines 4-7
             self._adapt(state, fitted / k)
-        return indices
+        return chosen._replace(extra={"stages": reported, "threshold": threshold})
 
     def select_reference(self, acc: torch.Tensor, stages: int):
         """Lines 2-8 in torch: (indices, threshold in |acc| units), or (None, 0) if all

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compressors.base import Context, DenseSent, Outcome, Protocol, Sent
+from compressors.base import Context, DenseSent, Exchange, Outcome, Sent
 from compressors.integer_sum import IntegerSum, affine_mean, dtype_name, per_chunk_
 from compressors.kernels import ops, thc_pipeline
 from compressors.kernels.counter_stream import draw_seed
@@ -258,7 +258,7 @@ class THC(IntegerSum):
             cached = self._tensors[key] = (as_float, as_int, interval_lut(as_float))
         return cached
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         dtype = self._check_workers(ctx.world_size)
         numel = acc.numel()
         # Lines 7-8: the preliminary round, ||x_i||₂ in float64 (no overflow of the norm;

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from compressors.base import Context, DecodedSent, Outcome, Protocol
+from compressors.base import Context, DecodedSent, Exchange, Outcome
 from compressors.integer_sum import IntegerSum, affine_mean, check_bits, dtype_name, per_chunk_
 from compressors.kernels import thc_pipeline
 from compressors.kernels.counter_stream import draw_seed
@@ -96,7 +96,7 @@ class UniformTHC(IntegerSum):
             "or set sum_dtype='auto'"
         )
 
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
+    def protocol(self, acc: torch.Tensor, ctx: Context) -> Exchange[Outcome]:
         dtype = self._check_workers(ctx.world_size)
         x = acc.to(torch.float32)
         # the preliminary round, lines 6-10: the global max and min

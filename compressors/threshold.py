@@ -22,18 +22,15 @@ from typing import Any
 
 import torch
 
-from compressors.base import Context, Protocol, Sparsifier
+from compressors.base import Context, Selected, Sparsifier
 from compressors.kernels.magnitudes import fused, passes, safe
-from compressors.kernels.types import Selected
 from compressors.registry import register
 
-# ctx.state key under which `select` leaves this step's diagnostics for `protocol` to move
-# into Outcome.extra (popped in the same step: never persists across steps).
-_EXTRA = "_step_extra"
 
-
-def empty_indices(device: torch.device) -> torch.Tensor:
-    return torch.empty(0, dtype=torch.int64, device=device)
+def nothing_selected(acc: torch.Tensor, **extra: Any) -> Selected:
+    """No index of acc (an all-zero tensor: nothing worth sending), with the diagnostics."""
+    return Selected(torch.empty(0, dtype=torch.int64, device=acc.device), acc.new_empty(0),
+                    extra)
 
 
 def check_positive_int(value: Any, name: str, minimum: int = 1) -> int:
@@ -60,22 +57,13 @@ def check_finite_range(value: Any, name: str, low: float, high: float, *, low_op
 
 
 class ThresholdSparsifier(Sparsifier):
-    """A sparsifier that keeps {i : |acc_i| ≥ t}. Subclasses implement `select` and call
-    `self.report(ctx, ...)` with their diagnostics (at least the threshold t in the units
-    of |acc|); they appear in Outcome.extra."""
-
-    def report(self, ctx: Context, **extra: Any) -> None:
-        ctx.state[_EXTRA] = extra
+    """A sparsifier that keeps {i : |acc_i| ≥ t}. Subclasses implement `select`, whose
+    Selected carries their diagnostics (at least the threshold t in the units of |acc|)."""
 
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         # Every subclass here starts its fused passes with a statistics or selection pass
         # over all of acc that checks (magnitudes.check_sum_finite, pick(check_finite=)).
         return fused(acc)
-
-    def protocol(self, acc: torch.Tensor, ctx: Context) -> Protocol:
-        outcome = yield from super().protocol(acc, ctx)
-        outcome.extra.update(ctx.state.pop(_EXTRA, {}))
-        return outcome
 
 
 @register("hard_threshold")
@@ -92,15 +80,13 @@ class HardThreshold(ThresholdSparsifier):
             lam, "lam", 0.0, math.inf, low_open=True, high_open=True,
             hint="λ is the fixed magnitude above which coordinates are sent")
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         # λ, not k, decides how many pass: the last step's count picks the fused pass's
         # writing layout (kept only once this step's read has passed the NaN/Inf check)
         chosen = passes(acc, ctx.check_finite).select(self.lam,
                                                       expected=ctx.state.get("count", 0))
-        indices = chosen.indices if isinstance(chosen, Selected) else chosen
-        ctx.state["count"] = indices.numel()
-        self.report(ctx, threshold=self.lam)
-        return chosen
+        ctx.state["count"] = chosen.indices.numel()
+        return chosen._replace(extra={"threshold": self.lam})
 
 
 @register("gaussianksgd")
@@ -121,12 +107,11 @@ class GaussianKSGD(ThresholdSparsifier):
         super().__init__(ratio)
         self.corrections = check_positive_int(corrections, "corrections", minimum=0)
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         magnitudes = passes(acc, ctx.check_finite)
         mean, var = magnitudes.moments()
         if mean == 0.0:  # all zero: nothing worth sending
-            self.report(ctx, threshold=0.0, corrections=0)
-            return empty_indices(acc.device)
+            return nothing_selected(acc, threshold=0.0, corrections=0)
         if not safe(mean):
             magnitudes = magnitudes.rescaled()
             mean, var = magnitudes.moments()
@@ -139,8 +124,8 @@ class GaussianKSGD(ThresholdSparsifier):
                 break
             t *= 0.5 if 3 * count < 2 * k else 1.5
             used += 1
-        self.report(ctx, threshold=t * magnitudes.scale, corrections=used)
-        return magnitudes.select(t, mask, expected=k)
+        return magnitudes.select(t, mask, expected=k)._replace(
+            extra={"threshold": t * magnitudes.scale, "corrections": used})
 
 
 @register("redsync")
@@ -161,12 +146,11 @@ class RedSync(ThresholdSparsifier):
             min_interval, "min_interval", 0.0, 1.0, low_open=True, high_open=True,
             hint="the bisection on r ∈ [0, 1] stops below this width")
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         magnitudes = passes(acc, ctx.check_finite)
         mean_f, max_f = magnitudes.mean_and_max()
         if max_f == 0.0:
-            self.report(ctx, threshold=0.0, converged=False, probes=0)
-            return empty_indices(acc.device)
+            return nothing_selected(acc, threshold=0.0, converged=False, probes=0)
         if not safe(mean_f):
             magnitudes = magnitudes.rescaled()
             mean_f, max_f = magnitudes.mean_and_max()
@@ -187,8 +171,8 @@ class RedSync(ThresholdSparsifier):
                 lo = r
             if hi - lo < self.min_interval:
                 break
-        self.report(ctx, threshold=t * magnitudes.scale, converged=converged, probes=probes)
-        return magnitudes.select(t, mask, expected=k)
+        return magnitudes.select(t, mask, expected=k)._replace(
+            extra={"threshold": t * magnitudes.scale, "converged": converged, "probes": probes})
 
 
 @register("mstopk")
@@ -214,14 +198,13 @@ class MSTopK(ThresholdSparsifier):
     def folds_finite_check(self, acc: torch.Tensor) -> bool:
         return fused(acc, pools=True)  # (the fused compaction takes float32 only)
 
-    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> torch.Tensor | Selected:
+    def select(self, acc: torch.Tensor, k: int, ctx: Context) -> Selected:
         # The probe set is compacted to {|x| ≥ the new lower bound} (a later probe may
         # round to the same float32 as the bound)
         magnitudes = passes(acc, ctx.check_finite, pools=True)
         mean_f, max_f = magnitudes.mean_and_max()
         if max_f == 0.0:
-            self.report(ctx, threshold=0.0, count=0)
-            return empty_indices(acc.device)
+            return nothing_selected(acc, threshold=0.0, count=0)
         if not safe(mean_f):
             magnitudes = magnitudes.rescaled()
             mean_f, max_f = magnitudes.mean_and_max()
@@ -253,16 +236,10 @@ class MSTopK(ThresholdSparsifier):
                 # one accepted and keeps at least as many: the latest is the best.
                 hi = mid
                 best_t, best_count = mid, count
-        if best_t is None:
-            ties, count = _first(magnitudes.select(max_f, expected=k), k)
-            self.report(ctx, threshold=max_f * magnitudes.scale, count=count)
-            return ties
-        self.report(ctx, threshold=best_t * magnitudes.scale, count=best_count)
-        return magnitudes.select(best_t, expected=k)
-
-
-def _first(chosen: torch.Tensor | Selected, k: int) -> tuple[torch.Tensor | Selected, int]:
-    """The first k of a selection (indices, or Selected), and how many that is."""
-    if isinstance(chosen, Selected):
-        return Selected(chosen.indices[:k], chosen.values[:k]), min(k, chosen.indices.numel())
-    return chosen[:k], min(k, chosen.numel())
+        if best_t is None:  # the first k of the ties at the maximum
+            ties = magnitudes.select(max_f, expected=k)
+            return Selected(ties.indices[:k], ties.values[:k],
+                            {"threshold": max_f * magnitudes.scale,
+                             "count": min(k, ties.indices.numel())})
+        return magnitudes.select(best_t, expected=k)._replace(
+            extra={"threshold": best_t * magnitudes.scale, "count": best_count})

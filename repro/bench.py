@@ -66,6 +66,7 @@ import torch
 
 import compressors
 from compressors.base import check_ratio, index_dtype, sparse_mean, target_k
+from compressors.kernels import ops
 from compressors.requests import AllGather, AllReduce, Broadcast, as_round
 from compressors.session import Session
 from repro import sources
@@ -321,25 +322,6 @@ def floor_calibration(numel: int = 2**22, calls: int = 21, threads: int | None =
             "threads": threads if threads is not None else old}
 
 
-def time_exchanges(session: Session, x: torch.Tensor, repeats: int, budget_s: float,
-                   out: torch.Tensor | None = None,
-                   ) -> tuple[tuple[float, float], tuple[float, float], int, Any]:
-    """repeat_median of single-worker exchanges of `x` (steps 0, 1, ...), decoding into
-    `out` where the compressor can: the (encode, decode) medians and minima in seconds,
-    the number of timed calls, and the last exchange's Outcome."""
-    step = [0]
-    last: dict[str, Any] = {}
-
-    def sample() -> tuple[float, float]:
-        out_, enc, dec = exchange_once(session, x, step[0], out=out)
-        step[0] += 1
-        last["outcome"] = out_
-        return enc, dec
-
-    medians, minima, n = repeat_median(sample, repeats, budget_s)
-    return medians, minima, n, last["outcome"]
-
-
 def sparse_payloads(
     numel: int, k: int, workers: int, seed: int = 0, device: torch.device | str = "cpu"
 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -535,8 +517,7 @@ def _bench_size(report, names, ratios, repeats, budget_s, decode_workers, x, see
         floor.update(fwht_ms=1e3 * fwht_s, fwht_min_ms=1e3 * fwht_min,
                      fwht_numel=padded.numel())
         del padded
-    native = getattr(compressors, "_native", None)
-    floor["native_kernels"] = bool(native is not None and native.supports(x))
+    floor["native_kernels"] = ops.supports(x)
     report["floor"].append(floor)
 
     def cap_note(what: str, n: int) -> None:

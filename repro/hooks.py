@@ -4,7 +4,7 @@
     ddp_model.register_comm_hook(state, hook)
 
 What one exchange covers (`granularity`, by default the compressor's paper's setting,
-Compressor.scope):
+Compressor.default_granularity):
 - "layer": each parameter's gradient alone, from the bucket's per-parameter views;
   a bucket's per-parameter collectives are merged into a few (compressors.multiplex).
 - "bucket": each DDP bucket as one tensor with its parameters' layout.
@@ -40,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import compressors
 from compressors import MomentumCorrection, Segment, Session
-from compressors.base import resolve_scope
+from compressors.base import resolve_granularity
 from compressors.requests import AllReduce
 from compressors.session import finite_norm, finite_norms, mix_seed
 from compressors.multiplex import multiplex
@@ -123,7 +123,7 @@ class WorkerCompression:
             raise ValueError(f"nonfinite={nonfinite!r}: choose one of {', '.join(NONFINITE)}")
         # check_finite=False is the older spelling of nonfinite="off"
         self.nonfinite = nonfinite if check_finite else "off"
-        self.granularity = resolve_scope(compressor, granularity)
+        self.granularity = resolve_granularity(compressor, granularity)
         if self.nonfinite == "skip" and self.granularity == "bucket":
             raise ValueError(
                 "nonfinite='skip' leaves the whole step undone, so no bucket may be exchanged "

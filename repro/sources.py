@@ -25,7 +25,6 @@ the values they have without zeros.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from collections.abc import Iterator
 
@@ -138,21 +137,3 @@ def stream(source: str, size: int, workers: int, steps: int, seed: int = 0,
         return
     for step in range(steps):
         yield synthetic(source, size, workers, seed, step, zeros=zeros)
-
-
-def expected_abs_quantile(kind: str, ratio: float) -> float:
-    """The exact threshold t with P(|g| ≥ t) = ratio for a synthetic source (tests)."""
-    from scipy import stats
-
-    q = 1.0 - ratio
-    if kind == "laplace":
-        return -math.log(ratio) * SCALE
-    if kind == "normal":
-        return float(stats.norm.ppf(1 - ratio / 2)) * SCALE
-    if kind == "student-t":
-        return float(stats.t.ppf(1 - ratio / 2, df=3)) * SCALE
-    if kind == "gamma":
-        return float(stats.gamma.ppf(q, a=0.5)) * SCALE
-    if kind == "lognormal":
-        return float(stats.lognorm.ppf(q, s=1.5)) * SCALE
-    raise ValueError(kind)

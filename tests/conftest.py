@@ -13,7 +13,7 @@ torch.set_num_threads(2)
 # "unit". Tests that spawn processes are marked "distributed" where they are written.
 GROUPS = {
     "kernels": ("test_native_kernels", "test_gpu_kernels", "test_fwht_kernel",
-                "test_thc_cuda_kernel", "test_sidco_cuda_kernel", "test_fastpaths",
+                "test_thc_cuda_kernel", "test_fastpaths",
                 "test_allocations", "test_finite_fold", "test_thc_rng", "test_imports",
                 "test_context_workspace", "test_bench"),
     "figures": ("test_figures", "test_figures_sidco_dragonn", "test_verdicts", "test_compare",

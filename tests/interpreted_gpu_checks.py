@@ -230,7 +230,7 @@ def test_stats_equal_the_cpu_kernels(flags, above, nan):
     # every field as compressors.kernels.cpu.stats gives it (the C++ library),
     # including zeros, a NaN, and `above` over which nothing or everything passes; the
     # nonzeros alone (SIDCo's first reads) too
-    from compressors.kernels import cpu as _native
+    from compressors.kernels import cpu
 
     squares, extremes, logs, nonzeros = flags
     x = _laplace(9000, seed=2)
@@ -240,7 +240,7 @@ def test_stats_equal_the_cpu_kernels(flags, above, nan):
     shift = 2.5e-4
     got = kernels.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
                         logs=logs, nonzeros=nonzeros)
-    want = _native.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
+    want = cpu.stats(x, above=above, shift=shift, squares=squares, extremes=extremes,
                          logs=logs, nonzeros=nonzeros)
     if nonzeros:
         assert got[5] == int((x.abs() > 0).sum())  # (a NaN is not counted)
@@ -599,13 +599,13 @@ def test_sidco_device_stages_copy_to_the_host_once(monkeypatch, name):
     # the host-driven path's calls each wait for the device (8 at δ = 0.001: five
     # statistics, two compactions, the selection); the device path's one copy is the board
     from compressors.kernels import cuda_sidco as dev
-    from compressors.kernels import ops as _native
+    from compressors.kernels import ops
 
     def waits(*args, **kwargs):
         raise AssertionError("a host-driven call (it waits for the device)")
 
     for fn in ("stats", "select", "count", "pool", "all_finite"):
-        monkeypatch.setattr(_native, fn, waits)
+        monkeypatch.setattr(ops, fn, waits)
         if hasattr(kernels, fn):
             monkeypatch.setattr(kernels, fn, waits)
     reads = []

@@ -9,6 +9,7 @@ import torch
 
 import compressors
 from compressors import Session, drive
+from compressors.kernels import ops
 from repro.hooks import WorkerCompression
 
 NAMES = compressors.list_compressors()
@@ -24,7 +25,7 @@ DECODES_INTO_OUT = {
     "sidco_p", "terngrad", "thc_uniform", "topk", "powersgd", "dgc_reference",
 }
 # THC's fused native decode (CPU float32) also writes into `out`.
-if compressors._native.available():
+if ops.available():
     DECODES_INTO_OUT.add("thc")
 
 

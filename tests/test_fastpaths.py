@@ -14,11 +14,10 @@ import torch
 
 import compressors
 from compressors import Session, drive
-from compressors.kernels import build, cpu
-from compressors.kernels import ops as _native
+from compressors.kernels import build, cpu, ops
 
-needs_native = pytest.mark.skipif(not _native.available(),
-                                  reason=f"native kernels unavailable: {_native.error()}")
+needs_native = pytest.mark.skipif(not ops.available(),
+                                  reason=f"native kernels unavailable: {ops.error()}")
 
 SPARSIFIERS = ["hard_threshold", "gaussianksgd", "redsync", "sidco_e", "sidco_gp", "sidco_p",
                "dgc", "dragonn"]
@@ -34,7 +33,7 @@ def _laplace(n: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
 def _reference(monkeypatch, fn):
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
-        assert not _native.supports(torch.zeros(3))
+        assert not ops.supports(torch.zeros(3))
         return fn()
 
 
@@ -52,12 +51,12 @@ def test_select_and_count_match_torch(n, dtype):
         for strict in (False, True):
             mask = mag > t if strict else mag >= t
             expected = mask.nonzero().view(-1)
-            idx, val = _native.select(x, t, strict=strict, values=True)
+            idx, val = ops.select(x, t, strict=strict, values=True)
             assert idx.dtype == torch.int64 and torch.equal(idx, expected), (t, strict)
             assert torch.equal(val, mag[expected])
-            assert _native.count(x, t, strict=strict) == expected.numel()
+            assert ops.count(x, t, strict=strict) == expected.numel()
             for reserve in (0, n):  # skipping groups without a hit, and branch-free
-                idx, val = _native.select(x, t, strict=strict, values=True, signed=True,
+                idx, val = ops.select(x, t, strict=strict, values=True, signed=True,
                                           reserve=reserve)
                 assert torch.equal(idx, expected) and torch.equal(val, x[expected])
 
@@ -68,12 +67,12 @@ def test_ties_signed_zeros_nan_and_mapped_pools():
     for t in (0.5, 0.0, 1.0, 2.0):
         for strict in (False, True):
             mask = x.abs() > t if strict else x.abs() >= t  # NaN compares False in both
-            idx, _ = _native.select(x, t, strict=strict)
+            idx, _ = ops.select(x, t, strict=strict)
             assert torch.equal(idx, mask.nonzero().view(-1))
-    pool_idx, pool = _native.select(x, 0.25, strict=True, values=True)
-    idx, _ = _native.select(pool, 0.5, index_map=pool_idx)
+    pool_idx, pool = ops.select(x, 0.25, strict=True, values=True)
+    idx, _ = ops.select(pool, 0.5, index_map=pool_idx)
     assert torch.equal(idx, (x.abs() >= 0.5).nonzero().view(-1))
-    empty, vals = _native.select(x, 5.0, values=True)
+    empty, vals = ops.select(x, 5.0, values=True)
     assert empty.numel() == 0 and vals.numel() == 0 and empty.dtype == torch.int64
 
 
@@ -83,14 +82,14 @@ def test_stats_match_float64_reductions(dtype):
     x = _laplace(300_001, dtype, seed=3)
     x[::7] = 0.0
     a = x.abs().double()
-    st = _native.stats(x, squares=True, extremes=True, logs=True)
+    st = ops.stats(x, squares=True, extremes=True, logs=True)
     assert st.count == x.numel() and st.nonzero == int((a > 0).sum())
     assert st.sum == pytest.approx(float(a.sum()), rel=1e-13)
     assert st.sumsq == pytest.approx(float((a * a).sum()), rel=1e-13)
     assert st.max == float(a.max()) and st.min == 0.0
     assert st.log_sum == pytest.approx(float(a[a > 0].log().sum()), rel=1e-12)
     t = float(a.median())
-    above = _native.stats(x, above=t, shift=t, squares=True, extremes=True)
+    above = ops.stats(x, above=t, shift=t, squares=True, extremes=True)
     sel = a[x.abs() > t].double()
     assert above.count == sel.numel() and above.min == float(sel.min())
     assert above.sum == pytest.approx(float((sel - t).sum()), rel=1e-12)
@@ -99,11 +98,11 @@ def test_stats_match_float64_reductions(dtype):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = _native.stats(x, squares=True)
+        one = ops.stats(x, squares=True)
     finally:
         torch.set_num_threads(before)
-    assert (one.sum, one.sumsq) == (_native.stats(x, squares=True).sum,
-                                    _native.stats(x, squares=True).sumsq)
+    assert (one.sum, one.sumsq) == (ops.stats(x, squares=True).sum,
+                                    ops.stats(x, squares=True).sumsq)
 
 
 @needs_native
@@ -125,7 +124,7 @@ def test_float32_log_sum_from_the_bits_at_the_edges_of_the_range():
     for lo, hi in ((0, x.numel()), (0, block), (block, 2 * block), (2 * block, 3 * block),
                    (3 * block, 4 * block), (4 * block, x.numel()), (5, 37)):
         part, ref = x[lo:hi], a[lo:hi]
-        st = _native.stats(part, logs=True)
+        st = ops.stats(part, logs=True)
         assert st.log_sum == pytest.approx(float(ref[ref > 0].log().sum()), rel=1e-12), (lo, hi)
         assert st.nonzero == int((ref > 0).sum())
         first, *_ = cpu.sidco_spec(part, 1.0, 2.0, 3.0, logs=True)
@@ -133,10 +132,10 @@ def test_float32_log_sum_from_the_bits_at_the_edges_of_the_range():
     y = x.clone()
     y[block + 3] = float("nan")  # that block is summed wide, the NaN left out (not > 0)
     r = y.abs().double()
-    assert _native.stats(y, logs=True).log_sum == pytest.approx(
+    assert ops.stats(y, logs=True).log_sum == pytest.approx(
         float(r[r > 0].log().sum()), rel=1e-12)
     y[block + 3] = float("inf")  # ln ∞ = ∞, from the widening loop as well
-    st = _native.stats(y, logs=True)
+    st = ops.stats(y, logs=True)
     assert st.log_sum == math.inf and st.nonzero == int((y != 0).sum())
 
 
@@ -255,16 +254,16 @@ def test_bad_input_refused_the_same_way_on_both_paths(monkeypatch, name):
 
 
 def test_unsupported_tensors_take_the_reference_path():
-    assert not _native.supports(torch.zeros(10, dtype=torch.float16))
-    assert not _native.supports(torch.zeros(10, 2).t())  # not contiguous
-    assert not _native.supports(torch.zeros(0))
+    assert not ops.supports(torch.zeros(10, dtype=torch.float16))
+    assert not ops.supports(torch.zeros(10, 2).t())  # not contiguous
+    assert not ops.supports(torch.zeros(0))
 
 
 # -- fallback ----------------------------------------------------------------------------
 
 def test_disabled_by_environment(monkeypatch):
     monkeypatch.setenv("GRADCOMP_NATIVE", "0")
-    assert build.load() is None and not _native.available()
+    assert build.load() is None and not ops.available()
     out = _run("sidco_e", [_laplace(10_000, torch.float32)], 0.01)[0]
     assert out.selected > 0
 
@@ -278,10 +277,10 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
     monkeypatch.delenv("GRADCOMP_NATIVE", raising=False)  # enabled, but cannot build
     with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler"):
         assert build.load() is None
-    assert "no C++ compiler" in _native.error()
+    assert "no C++ compiler" in ops.error()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # said once, not at every call
-        assert not _native.supports(torch.zeros(5))
+        assert not ops.supports(torch.zeros(5))
         out = _run("dgc", [_laplace(10_000, torch.float32)], 0.01)[0]
     assert out.selected > 0
 
@@ -291,19 +290,19 @@ def test_abs_into_workspace_reuses_one_buffer_per_dtype():
     calls: the same values as x.abs(), in x's shape, the same memory call after call
     (grown for a larger tensor), one workspace per dtype, given back by
     release_workspaces."""
-    _native.release_workspaces()
+    ops.release_workspaces()
     x = _laplace(1000, torch.float32, seed=1).view(10, 100)
-    first = _native.abs_into_workspace(x)
+    first = ops.abs_into_workspace(x)
     assert first.shape == x.shape and torch.equal(first, x.abs())
     y = _laplace(700, torch.float32, seed=2)
-    again = _native.abs_into_workspace(y)
+    again = ops.abs_into_workspace(y)
     assert again.data_ptr() == first.data_ptr() and torch.equal(again, y.abs())
-    wide = _native.abs_into_workspace(y.double())
+    wide = ops.abs_into_workspace(y.double())
     assert wide.dtype == torch.float64 and torch.equal(wide, y.double().abs())
-    assert _native.abs_into_workspace(y).data_ptr() == first.data_ptr()  # float32's kept
-    big = _native.abs_into_workspace(_laplace(5000, torch.float32, seed=3))
+    assert ops.abs_into_workspace(y).data_ptr() == first.data_ptr()  # float32's kept
+    big = ops.abs_into_workspace(_laplace(5000, torch.float32, seed=3))
     assert big.numel() == 5000 and torch.equal(big, _laplace(5000, torch.float32, seed=3).abs())
-    _native.release_workspaces()
+    ops.release_workspaces()
     half = torch.tensor([-1.5, 2.0, -0.0], dtype=torch.float16)
-    assert torch.equal(_native.abs_into_workspace(half), half.abs())
-    _native.release_workspaces()
+    assert torch.equal(ops.abs_into_workspace(half), half.abs())
+    ops.release_workspaces()

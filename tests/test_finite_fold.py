@@ -13,10 +13,10 @@ import torch
 
 import compressors
 from compressors import Session, drive, session
-from compressors.kernels import ops as _native
+from compressors.kernels import ops
 
-needs_native = pytest.mark.skipif(not _native.available(),
-                                  reason=f"native kernels unavailable: {_native.error()}")
+needs_native = pytest.mark.skipif(not ops.available(),
+                                  reason=f"native kernels unavailable: {ops.error()}")
 
 FOLDING = ["hard_threshold", "gaussianksgd", "redsync", "mstopk", "sidco_e", "sidco_gp",
            "sidco_p", "dgc", "dragonn"]
@@ -25,7 +25,7 @@ N = 70_001
 POSITIONS = [0, 15, 16, 40_000, N - 1]
 # Large enough for the kernels to split the work over two threads: the flags of every
 # thread's part must reach the result.
-N_THREADED = 4 * _native.MIN_PER_THREAD + 5
+N_THREADED = 4 * ops.MIN_PER_THREAD + 5
 
 
 def _grad(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -145,14 +145,14 @@ def test_select_check_finite_on_two_threads(dtype):
         g = torch.Generator().manual_seed(11)
         x = torch.randn(N_THREADED, generator=g, dtype=torch.float64).to(dtype)
         t = 3.0
-        assert torch.equal(_native.select(x, t, check_finite=True)[0],
+        assert torch.equal(ops.select(x, t, check_finite=True)[0],
                            (x.abs() >= t).nonzero().view(-1))
         # positions in the second thread's part only (and its last element)
         for pos in (N_THREADED // 2 + 1, 3 * N_THREADED // 4, N_THREADED - 1):
             y = x.clone()
             y[pos] = float("nan")
-            with pytest.raises(_native.NonFinite):
-                _native.select(y, t, check_finite=True)
+            with pytest.raises(ops.NonFinite):
+                ops.select(y, t, check_finite=True)
     finally:
         torch.set_num_threads(before)
 
@@ -163,16 +163,16 @@ def test_select_check_finite_on_two_threads(dtype):
 def test_select_check_finite_finds_every_position(dtype, strict):
     x = _grad(6, dtype)
     t = float(x.abs().kthvalue(N - 100).values)
-    ref = _native.select(x, t, strict=strict, values=True)
-    got = _native.select(x, t, strict=strict, values=True, check_finite=True)
+    ref = ops.select(x, t, strict=strict, values=True)
+    got = ops.select(x, t, strict=strict, values=True, check_finite=True)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
     for pos in POSITIONS + [N - 2, N - 17]:
         for bad in (float("nan"), float("inf"), float("-inf")):
             y = x.clone()
             y[pos] = bad
-            with pytest.raises(_native.NonFinite):
-                _native.select(y, t, strict=strict, check_finite=True)
+            with pytest.raises(ops.NonFinite):
+                ops.select(y, t, strict=strict, check_finite=True)
             # without the flag the same call is a plain selection (NaN never passes)
-            idx, _ = _native.select(y, t, strict=strict)
+            idx, _ = ops.select(y, t, strict=strict)
             want = (y.abs() > t if strict else y.abs() >= t).nonzero().view(-1)
             assert torch.equal(idx, want)

@@ -204,14 +204,14 @@ def _run(name: str, grads: list[torch.Tensor], ratio: float):
                                   "hard_threshold", "redsync", "gaussianksgd"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01])
 def test_cuda_paths_select_what_the_reference_selects(monkeypatch, name, ratio):
-    from compressors.kernels import ops as _native
+    from compressors.kernels import ops
 
     grads = [_laplace(3_000_017, seed=s).cuda() for s in range(3)]
-    assert _native.supports(grads[0])
+    assert ops.supports(grads[0])
     fast = _run(name, grads, ratio)
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
-        assert not _native.supports(grads[0])
+        assert not ops.supports(grads[0])
         slow = _run(name, grads, ratio)
     for f, s in zip(fast, slow):
         assert f.sent.indices.numel() > 0
@@ -250,26 +250,12 @@ def test_cuda_folded_check_raises_and_changes_nothing(name):
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 def test_cuda_sidco_keeps_its_thresholds_on_the_device(monkeypatch, name):
-    # SIDCo on CUDA takes the device-side stages (and, when asked, the two-read split) where
-    # their check on this GPU passed; both select what the host-driven stages select, over
-    # steps whose stage count adapts
+    # SIDCo on CUDA takes the device-side stages (its check on this GPU passed), which
+    # select what the host-driven stages select, over steps whose stage count adapts
     from compressors.kernels import sidco_pipeline
 
     grads = [_laplace(3_000_017, seed=s).cuda() for s in range(8)]
     s = compressors.build(name, ratio=0.001)
-    monkeypatch.setattr(sidco_pipeline, "SPLIT", True)  # the opt-in split path
-    assert sidco_pipeline.split_usable(grads[0].device, s)
-    split_calls = []
-    real_split = sidco_pipeline.select_split
-
-    def spy_split(*args, **kwargs):
-        split_calls.append(1)
-        return real_split(*args, **kwargs)
-
-    monkeypatch.setattr(sidco_pipeline, "select_split", spy_split)
-    split = _run(name, grads, 0.001)
-    assert len(split_calls) == len(grads)
-    monkeypatch.setattr(sidco_pipeline, "split_usable", lambda *args: False)
     assert sidco_pipeline.device_stages_usable(grads[0].device, s)
     taken = []  # per step: whether its first read was speculative (None: not tried)
     real = sidco_pipeline.select_device
@@ -285,10 +271,9 @@ def test_cuda_sidco_keeps_its_thresholds_on_the_device(monkeypatch, name):
     assert len(taken) == len(grads) and True in taken
     monkeypatch.setattr(sidco_pipeline, "device_stages_usable", lambda *args: False)
     host = _run(name, grads, 0.001)
-    for got in (split, device):
-        for d, h in zip(got, host):
-            assert torch.equal(d.sent.indices, h.sent.indices)
-            assert torch.equal(d.sent.values, h.sent.values)
+    for d, h in zip(device, host):
+        assert torch.equal(d.sent.indices, h.sent.indices)
+        assert torch.equal(d.sent.values, h.sent.values)
 
 
 @pytest.mark.gpu

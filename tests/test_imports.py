@@ -201,7 +201,7 @@ def test_programs_outside_the_packages_use_only_public_api():
     "import sys\nsys.path.insert(0, '..')\n",
     "from repro.bench import _cell\n",
     "from compressors.kernels import ops as k\nk._grid(1)\n",
-    "import compressors._native\n",
+    "import compressors._loaded\n",
 ])
 def test_a_private_use_is_found(tmp_path, text):
     path = tmp_path / "prog.py"
@@ -212,7 +212,7 @@ def test_a_private_use_is_found(tmp_path, text):
 def test_public_uses_are_not_flagged(tmp_path):
     path = tmp_path / "prog.py"
     path.write_text("import sys\nimport repro.bench as b\nfrom compressors.kernels import ops"
-                    " as _native\nb.timed(sys.argv)\n_native.l2_norm(1)\nx._private = 1\n")
+                    " as _ops\nb.timed(sys.argv)\n_ops.l2_norm(1)\nx._private = 1\n")
     assert private_uses(path) == []
 
 

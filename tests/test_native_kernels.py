@@ -15,15 +15,14 @@ import torch
 
 import compressors
 from compressors import Session, drive
-from compressors.kernels import build, ops
-from compressors.kernels import cpu as _native
+from compressors.kernels import build, cpu, ops
 from repro.testing import with_threads
 
 needs_native = pytest.mark.skipif(not ops.available(),
                                   reason=f"native kernels unavailable: {ops.error()}")
 
 # 1 thread, 2 threads with a ragged last block, 3+ threads
-SIZES = [1, 13, 1000, 2 * _native.MIN_PER_THREAD + 37, 4 * _native.MIN_PER_THREAD + 5]
+SIZES = [1, 13, 1000, 2 * cpu.MIN_PER_THREAD + 37, 4 * cpu.MIN_PER_THREAD + 5]
 
 
 def _laplace(n: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -41,17 +40,17 @@ def test_pool_equals_select_and_stats(n, dense, quantile, index_dtype):
     x = _laplace(n, seed=n)
     # A threshold equal to one of the magnitudes: that element must be left out (strict).
     t = float(x.abs().kthvalue(max(1, int(quantile * n))).values)
-    st, idx, val = _native.pool(x, t, above=t / 2, shift=t / 2, squares=True, extremes=True,
+    st, idx, val = cpu.pool(x, t, above=t / 2, shift=t / 2, squares=True, extremes=True,
                                 dense=dense, index_dtype=index_dtype)
-    ref_idx, ref_val = _native.select(x, t, strict=True, values=True)
+    ref_idx, ref_val = cpu.select(x, t, strict=True, values=True)
     assert idx.dtype == index_dtype
     idx = idx.long()
     assert torch.equal(idx, ref_idx)
     assert torch.equal(val, ref_val)
     assert torch.equal(idx, torch.nonzero(x.abs() > t).squeeze(1))
-    assert st == _native.stats(x, above=t / 2, shift=t / 2, squares=True, extremes=True)
+    assert st == cpu.stats(x, above=t / 2, shift=t / 2, squares=True, extremes=True)
     # Without `above` no statistics are computed and the pool is the same.
-    none, idx2, _ = _native.pool(x, t, dense=dense)
+    none, idx2, _ = cpu.pool(x, t, dense=dense)
     assert none is None and torch.equal(idx2, idx)
 
 
@@ -59,9 +58,9 @@ def test_pool_equals_select_and_stats(n, dense, quantile, index_dtype):
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("index_dtype", [torch.int64, torch.int32])
 def test_pool_does_not_depend_on_the_thread_count(dense, index_dtype):
-    x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=3)
+    x = _laplace(4 * cpu.MIN_PER_THREAD + 5, seed=3)
     t = float(x.abs().quantile(0.9))
-    runs = [with_threads(k, lambda: _native.pool(x, t, above=t / 3, shift=t / 3,
+    runs = [with_threads(k, lambda: cpu.pool(x, t, above=t / 3, shift=t / 3,
                                                  squares=True, dense=dense,
                                                  index_dtype=index_dtype))
             for k in (1, 2, 3)]
@@ -76,13 +75,13 @@ def test_pool_into_a_workspace_narrows_itself_in_place(dense):
     """pool(..., workspace=): the values only, in a workspace kept between calls; a pool
     taken from a view of that workspace (a search narrowing its probe set) equals the
     fresh pool."""
-    x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=8)
+    x = _laplace(4 * cpu.MIN_PER_THREAD + 5, seed=8)
     ts = [float(x.abs().quantile(q)) for q in (0.5, 0.8, 0.95)]
     with_threads(2, ops.release_workspaces)
     pool, ptr = x, None
     for t in ts:
-        want = _native.pool(pool.clone(), t, dense=dense, strict=False)[2]
-        st, idx, got = with_threads(2, lambda p=pool, t=t: _native.pool(
+        want = cpu.pool(pool.clone(), t, dense=dense, strict=False)[2]
+        st, idx, got = with_threads(2, lambda p=pool, t=t: cpu.pool(
             p, t, dense=dense, strict=False, above=t, workspace="test"))
         assert idx is None and st is not None
         assert torch.equal(got, want)
@@ -99,12 +98,12 @@ def test_pool_workspace_holds_half_the_tensor_so_the_next_step_reuses_it():
     """A search's first pool from the gradient keeps at most half of it: the workspace is
     sized for that from the first call, so a later step whose pool is larger (up to half)
     is written into the same workspace instead of a new one."""
-    x = _laplace(4 * _native.MIN_PER_THREAD + 5, seed=9)
+    x = _laplace(4 * cpu.MIN_PER_THREAD + 5, seed=9)
     ops.release_workspaces()
-    first = _native.pool(x, float(x.abs().quantile(0.6)), strict=False, workspace="test")[2]
+    first = cpu.pool(x, float(x.abs().quantile(0.6)), strict=False, workspace="test")[2]
     ptr = first.data_ptr()
     t = float(x.abs().quantile(0.52))
-    later = _native.pool(x, t, strict=False, workspace="test")[2]
+    later = cpu.pool(x, t, strict=False, workspace="test")[2]
     assert first.numel() < later.numel() <= x.numel() // 2
     assert later.data_ptr() == ptr
     assert torch.equal(later, x.abs()[x.abs() >= t])
@@ -114,34 +113,34 @@ def test_pool_workspace_holds_half_the_tensor_so_the_next_step_reuses_it():
 @needs_native
 def test_pool_refuses_float64():
     with pytest.raises(TypeError, match="float32"):
-        _native.pool(torch.zeros(10, dtype=torch.float64), 0.5)
+        cpu.pool(torch.zeros(10, dtype=torch.float64), 0.5)
     with pytest.raises(ValueError, match="int64, or int32"):
-        _native.pool(torch.zeros(10), 0.5, index_dtype=torch.int16)
+        cpu.pool(torch.zeros(10), 0.5, index_dtype=torch.int16)
 
 
 @needs_native
 def test_float32_comparisons_at_the_threshold():
     # Magnitudes on a coarse grid: thousands of elements sit exactly at each threshold,
     # in every lane position of the 8- and 16-element groups, with both signs.
-    n = 2 * _native.MIN_PER_THREAD + 29
+    n = 2 * cpu.MIN_PER_THREAD + 29
     g = torch.Generator().manual_seed(2)
     x = torch.randint(-6, 7, (n,), generator=g).to(torch.float32) * 0.125
     x[::97] = -0.0
     for t in (0.0, 0.125, 0.375, 0.75, 1.0):
         a = x.abs()
-        assert _native.count(x, t) == int((a >= t).sum())
-        assert _native.count(x, t, strict=True) == int((a > t).sum())
-        assert torch.equal(_native.select(x, t)[0], torch.nonzero(a >= t).squeeze(1))
-        assert torch.equal(_native.select(x, t, strict=True)[0], torch.nonzero(a > t).squeeze(1))
+        assert cpu.count(x, t) == int((a >= t).sum())
+        assert cpu.count(x, t, strict=True) == int((a > t).sum())
+        assert torch.equal(cpu.select(x, t)[0], torch.nonzero(a >= t).squeeze(1))
+        assert torch.equal(cpu.select(x, t, strict=True)[0], torch.nonzero(a > t).squeeze(1))
         # the branch-free layout (an expected count above DENSE_FRACTION of x)
         for strict in (False, True):
-            idx, val = _native.select(x, t, strict=strict, values=True, reserve=n)
+            idx, val = cpu.select(x, t, strict=strict, values=True, reserve=n)
             ref = torch.nonzero(a > t if strict else a >= t).squeeze(1)
             assert torch.equal(idx, ref) and torch.equal(val, a[ref])
 
 
 @needs_native
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 65_541, 2 * _native.MIN_PER_THREAD + 37])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 1000, 65_541, 2 * cpu.MIN_PER_THREAD + 37])
 @pytest.mark.parametrize("quantile", [0.0, 0.5, 0.9, 0.999])
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_branch_free_selection_equals_the_skipping_one(n, quantile, threads):
@@ -150,11 +149,11 @@ def test_branch_free_selection_equals_the_skipping_one(n, quantile, threads):
     # both comparisons, with and without values, at any thread count.
     x = _laplace(n, seed=n + threads)
     t = float(x.abs().kthvalue(max(1, int(quantile * n))).values)
-    assert _native.DENSE_FRACTION < 1  # so reserve=n takes the branch-free layout
+    assert cpu.DENSE_FRACTION < 1  # so reserve=n takes the branch-free layout
     for strict in (False, True):
         for values in (False, True):
-            skip = _native.select(x, t, strict=strict, values=values)
-            dense = with_threads(threads, lambda: _native.select(
+            skip = cpu.select(x, t, strict=strict, values=values)
+            dense = with_threads(threads, lambda: cpu.select(
                 x, t, strict=strict, values=values, reserve=n))
             assert torch.equal(dense[0], skip[0]) and dense[0].dtype == torch.int64
             assert (dense[1] is None) == (not values)
@@ -163,21 +162,21 @@ def test_branch_free_selection_equals_the_skipping_one(n, quantile, threads):
 
 
 @needs_native
-@pytest.mark.parametrize("n", [5, 8, 9, 2 * _native.MIN_PER_THREAD + 37])
+@pytest.mark.parametrize("n", [5, 8, 9, 2 * cpu.MIN_PER_THREAD + 37])
 def test_branch_free_selection_finds_every_nan_and_inf(n):
     x = _laplace(n, seed=4)
     x[n // 2] = torch.finfo(torch.float32).max  # finite
-    _native.select(x, 1e-3, check_finite=True, reserve=n)
+    cpu.select(x, 1e-3, check_finite=True, reserve=n)
     for bad in (float("nan"), float("inf"), -float("inf")):
         # first element, the middle, the last (a ragged tail when n % 8), the second part
         for pos in {0, n // 2 - 1, n - 1, 3 * n // 4}:
             y = x.clone()
             y[pos] = bad
-            with pytest.raises(_native.NonFinite):
-                with_threads(2, lambda: _native.select(y, 1e-3, check_finite=True,
+            with pytest.raises(cpu.NonFinite):
+                with_threads(2, lambda: cpu.select(y, 1e-3, check_finite=True,
                                                        reserve=n))
             # without the check the same call selects (NaN compares false, Inf passes)
-            idx, _ = _native.select(y, 1e-3, reserve=n)
+            idx, _ = cpu.select(y, 1e-3, reserve=n)
             assert torch.equal(idx, torch.nonzero(y.abs() >= 1e-3).squeeze(1))
 
 
@@ -194,7 +193,7 @@ def _run(name: str, grads: list[torch.Tensor], ratio: float) -> list:
 def test_two_thread_native_path_selects_what_the_reference_selects(monkeypatch, name, ratio):
     # Large enough for two threads in every pass (the pools of the first SIDCo stages are
     # compacted branch-free: δ₁·δ₂ > 2%), over several steps with their own data.
-    grads = [_laplace(3 * _native.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
+    grads = [_laplace(3 * cpu.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
     fast = with_threads(2, lambda: _run(name, grads, ratio))
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
@@ -210,7 +209,7 @@ def test_hard_threshold_keeps_its_last_count_and_selects_what_the_reference_sele
         monkeypatch):
     # λ keeps about 10% of each step: from the second step on the last count (kept in the
     # state) asks for the branch-free layout; the selections stay the torch path's.
-    grads = [_laplace(3 * _native.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
+    grads = [_laplace(3 * cpu.MIN_PER_THREAD + 11, seed=s) for s in range(3)]
     lam = float(grads[0].abs().quantile(0.9))
 
     def run():
@@ -224,7 +223,7 @@ def test_hard_threshold_keeps_its_last_count_and_selects_what_the_reference_sele
         m.setenv("GRADCOMP_NATIVE", "0")
         slow, _ = run()
     counts = [f.sent.indices.numel() for f in fast]
-    assert min(counts) > _native.DENSE_FRACTION * grads[0].numel()
+    assert min(counts) > cpu.DENSE_FRACTION * grads[0].numel()
     for f, s in zip(fast, slow):
         assert torch.equal(f.sent.indices, s.sent.indices)
         assert torch.equal(f.sent.values, s.sent.values)
@@ -257,18 +256,18 @@ def test_mstopk_native_search_equals_the_reference(monkeypatch, kind, ratio):
 
 @needs_native
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("n", [1, 9, 2 * _native.MIN_PER_THREAD + 37])
+@pytest.mark.parametrize("n", [1, 9, 2 * cpu.MIN_PER_THREAD + 37])
 def test_all_finite_finds_every_nan_and_inf(dtype, n):
     x = _laplace(n, seed=2, dtype=dtype)
-    assert _native.all_finite(x)
+    assert cpu.all_finite(x)
     big = torch.finfo(dtype).max
     x[n // 2] = big  # the largest finite value is finite
-    assert _native.all_finite(x)
+    assert cpu.all_finite(x)
     for bad in (float("nan"), float("inf"), -float("inf")):
         for pos in {0, n // 3, n - 1}:
             y = x.clone()
             y[pos] = bad
-            assert not _native.all_finite(y), (bad, pos)
+            assert not cpu.all_finite(y), (bad, pos)
 
 
 @needs_native
@@ -282,7 +281,7 @@ def test_sample_abs_reads_the_hashed_positions(dtype, n):
     for s in (1, 17, 70_000):
         positions = (counter_hash(torch.arange(s), seed) * n) >> 32
         assert int(positions.max()) < n and int(positions.min()) >= 0
-        assert torch.equal(_native.sample_abs(x, s, *seed_words(seed)),
+        assert torch.equal(cpu.sample_abs(x, s, *seed_words(seed)),
                            x.index_select(0, positions).abs())
 
 
@@ -326,14 +325,14 @@ def test_mstopk_native_keeps_ties_at_the_lower_bound(monkeypatch, seed):
 
 
 @needs_native
-@pytest.mark.parametrize("n", [1, 7, 8, 9, 33, 65_541, 2 * _native.MIN_PER_THREAD + 37])
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 33, 65_541, 2 * cpu.MIN_PER_THREAD + 37])
 def test_exceedance_sums_match_float64_torch(n):
     # The float32 fast path for count and Σ(|x| − t) over {|x| > t} against float64 sums.
     x = _laplace(n, seed=n)
     a = x.abs().double()
     for q in (0.0, 0.5, 0.99):
         t = float(torch.tensor(float(a.quantile(q)) if n > 1 else 0.0, dtype=torch.float32))
-        st = _native.stats(x, above=t, shift=t)
+        st = cpu.stats(x, above=t, shift=t)
         keep = a > t
         assert st.count == int(keep.sum())
         assert st.sum == pytest.approx(float((a[keep] - t).sum()), rel=1e-12, abs=1e-300)
@@ -342,21 +341,21 @@ def test_exceedance_sums_match_float64_torch(n):
 @needs_native
 def test_pool_ge_and_gt_differ_only_at_ties():
     x = torch.tensor([0.5, -0.5, 0.25, 0.75, -1.0] * 20_000, dtype=torch.float32)
-    _, gt, _ = _native.pool(x, 0.5, dense=True)
-    _, ge, vals = _native.pool(x, 0.5, dense=True, strict=False)
+    _, gt, _ = cpu.pool(x, 0.5, dense=True)
+    _, ge, vals = cpu.pool(x, 0.5, dense=True, strict=False)
     assert torch.equal(gt, torch.nonzero(x.abs() > 0.5).squeeze(1))
     assert torch.equal(ge, torch.nonzero(x.abs() >= 0.5).squeeze(1))
     assert torch.equal(vals, x.abs()[ge])
     for dense in (False, True):  # x itself with `signed`, on every writing path
         for index_dtype in (torch.int64, torch.int32):
-            _, ge, vals = _native.pool(x, 0.5, dense=dense, strict=False, signed=True,
+            _, ge, vals = cpu.pool(x, 0.5, dense=dense, strict=False, signed=True,
                                        index_dtype=index_dtype)
             assert torch.equal(ge.long(), torch.nonzero(x.abs() >= 0.5).squeeze(1))
             assert torch.equal(vals, x[ge.long()])
     with pytest.raises(TypeError, match="contiguous CPU float32"):
-        _native.pool(x[::2], 0.5)
+        cpu.pool(x[::2], 0.5)
     with pytest.raises(ValueError, match="no index_map"):
-        _native.select(x, 0.5, values=True, signed=True, index_map=torch.arange(x.numel()))
+        cpu.select(x, 0.5, values=True, signed=True, index_map=torch.arange(x.numel()))
 
 
 @needs_native
@@ -371,29 +370,29 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     # without it), and check each selects and counts what the native build does.
     build.compile_library(build.compiler(), tmp_path / "p.so", arch=tuple(arch))
     portable = build.open_library(tmp_path / "p.so")
-    x = _laplace(2 * _native.MIN_PER_THREAD + 37, seed=9)
+    x = _laplace(2 * cpu.MIN_PER_THREAD + 37, seed=9)
     x[::101] = 0.0  # zeros: left out of the nonzeros and of Σ ln|x|
     t = float(x.abs().quantile(0.95))
 
     def results():
-        return (_native.count(x, t), _native.select(x, t, values=True),
-                _native.select(x, t, values=True, check_finite=True, reserve=x.numel()),
-                _native.pool(x, t, above=t / 2, shift=t / 2, dense=True),
-                _native.stats(x, squares=True, extremes=True), _native.all_finite(x),
-                _native.sample_abs(x, 5000, 3, 4),
-                _native.scatter_mean(*_payload(x.numel(), 70_001, 1, torch.int32, x.dtype),
+        return (cpu.count(x, t), cpu.select(x, t, values=True),
+                cpu.select(x, t, values=True, check_finite=True, reserve=x.numel()),
+                cpu.pool(x, t, above=t / 2, shift=t / 2, dense=True),
+                cpu.stats(x, squares=True, extremes=True), cpu.all_finite(x),
+                cpu.sample_abs(x, 5000, 3, 4),
+                cpu.scatter_mean(*_payload(x.numel(), 70_001, 1, torch.int32, x.dtype),
                                      torch.empty_like(x), 3),
-                _native.pack_signs(x),
-                _native.add_signs_(x.clone(), _native.pack_signs(x.flip(0)),
+                cpu.pack_signs(x),
+                cpu.add_signs_(x.clone(), cpu.pack_signs(x.flip(0)),
                                    torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, 2.0])),
-                _native.add_levels_(x.clone(), (x * 3e4).to(torch.int16),
+                cpu.add_levels_(x.clone(), (x * 3e4).to(torch.int16),
                                     torch.tensor([0, 1000, x.numel()]), torch.tensor([0.5, -2.0])),
-                _native.sidco_spec(x, t / 3, t / 2, t, squares=True),
-                _native.stats(x, logs=True),
-                _native.sidco_spec(x, t / 3, t / 2, t, logs=True, mid_squares=True),
-                _native.stats(x, nonzeros=True), _native.stats(x, squares=True, nonzeros=True),
-                _native.stats(x.double(), nonzeros=True),
-                _native.stats(x, above=t / 2, shift=t / 2, squares=True, nonzeros=True))
+                cpu.sidco_spec(x, t / 3, t / 2, t, squares=True),
+                cpu.stats(x, logs=True),
+                cpu.sidco_spec(x, t / 3, t / 2, t, logs=True, mid_squares=True),
+                cpu.stats(x, nonzeros=True), cpu.stats(x, squares=True, nonzeros=True),
+                cpu.stats(x.double(), nonzeros=True),
+                cpu.stats(x, above=t / 2, shift=t / 2, squares=True, nonzeros=True))
 
     expected = results()
     monkeypatch.setattr(build, "_lib", portable)
@@ -430,8 +429,8 @@ def test_other_builds_give_the_same_results(tmp_path, monkeypatch, arch):
     assert got[11][0].nonzero == expected[11][0].nonzero == nonzeros
     for a, b in zip(got[14:], expected[14:]):
         assert a == b and a.nonzero == nonzeros
-    assert (got[14].sum, got[15].sumsq) == (_native.stats(x).sum,
-                                            _native.stats(x, squares=True).sumsq)
+    assert (got[14].sum, got[15].sumsq) == (cpu.stats(x).sum,
+                                            cpu.stats(x, squares=True).sumsq)
 
 
 @needs_native
@@ -451,9 +450,9 @@ def test_stats_count_the_nonzeros_alone_when_asked(n, threads, dtype):
         x[5] = torch.finfo(dtype).tiny / 4  # a subnormal: nonzero
     want = int((x != 0).sum())
     for above, squares in ((None, False), (None, True), (0.5e-3, False), (0.5e-3, True)):
-        plain = with_threads(threads, lambda a=above, q=squares: _native.stats(
+        plain = with_threads(threads, lambda a=above, q=squares: cpu.stats(
             x, above=a, shift=1e-4, squares=q))
-        got = with_threads(threads, lambda a=above, q=squares: _native.stats(
+        got = with_threads(threads, lambda a=above, q=squares: cpu.stats(
             x, above=a, shift=1e-4, squares=q, nonzeros=True))
         assert plain.nonzero == 0 and got.nonzero == want
         if above is None:
@@ -462,15 +461,15 @@ def test_stats_count_the_nonzeros_alone_when_asked(n, threads, dtype):
         assert got.sum == pytest.approx(plain.sum, rel=1e-12)
         assert got.sumsq == pytest.approx(plain.sumsq, rel=1e-12)
         assert (got.max, got.min) == (-1.0, math.inf)
-    assert _native.stats(torch.zeros(n, dtype=dtype), nonzeros=True).nonzero == 0
+    assert cpu.stats(torch.zeros(n, dtype=dtype), nonzeros=True).nonzero == 0
 
 
 @needs_native
 def test_release_workspaces_then_the_kernels_still_work():
-    x = _laplace(2 * _native.MIN_PER_THREAD + 3, seed=1)
-    before = _native.pool(x, 1e-3, dense=True)
+    x = _laplace(2 * cpu.MIN_PER_THREAD + 3, seed=1)
+    before = cpu.pool(x, 1e-3, dense=True)
     ops.release_workspaces()
-    after = _native.pool(x, 1e-3, dense=True)
+    after = cpu.pool(x, 1e-3, dense=True)
     assert torch.equal(before[1], after[1]) and torch.equal(before[2], after[2])
 
 
@@ -492,13 +491,13 @@ def test_dragonn_slots_equal_write_slots(numel, nk, m):
     for _ in range(3):
         seeds = draw_hash_seeds(g)
         ref = write_slots(keys, m, seeds, numel)
-        slots, values = _native.dragonn_slots(keys, m, *priority_layout(numel),
+        slots, values = cpu.dragonn_slots(keys, m, *priority_layout(numel),
                                               tuple(seeds.tolist()), acc, values=not large)
         assert torch.equal(slots, ref)
         # the keys' values handed in (as the selection writes them) instead of read from
         # acc: the same slots (the keys' ordinals order as the keys do) and values
         stand_in = torch.randn(keys.numel(), generator=g)
-        by_ordinal, from_keys = _native.dragonn_slots(
+        by_ordinal, from_keys = cpu.dragonn_slots(
             keys, m, *priority_layout(numel), tuple(seeds.tolist()), acc,
             key_values=acc.index_select(0, keys) if not large else stand_in)
         assert torch.equal(by_ordinal, ref)
@@ -511,7 +510,7 @@ def test_dragonn_slots_equal_write_slots(numel, nk, m):
             assert torch.equal(from_keys, stand_in[ordinal].masked_fill_(ref < 0, 0))
     if nk > 1:
         with pytest.raises(ValueError, match="ascending keys"):
-            _native.dragonn_slots(keys.flip(0).contiguous(), m, *priority_layout(numel),
+            cpu.dragonn_slots(keys.flip(0).contiguous(), m, *priority_layout(numel),
                                   tuple(seeds.tolist()), acc, key_values=stand_in)
 
 
@@ -530,7 +529,7 @@ def _payload(n: int, m: int, seed: int, index_dtype: torch.dtype, dtype: torch.d
 
 @needs_native
 @pytest.mark.parametrize("n, m", [(1, 1), (1000, 0), (1000, 5000), (65_536, 100),
-                                  (65_537, 3000), (2 * _native.MIN_PER_THREAD + 37, 70_001)])
+                                  (65_537, 3000), (2 * cpu.MIN_PER_THREAD + 37, 70_001)])
 @pytest.mark.parametrize("divisor", [1, 2, 3, 8])
 @pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -544,7 +543,7 @@ def test_scatter_mean_equals_index_add_then_divide(n, m, divisor, index_dtype, d
     if divisor > 1:
         expected.div_(divisor)
     out = torch.full((n,), float("nan"), dtype=dtype)  # every element must be written
-    got = with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
+    got = with_threads(threads, lambda: cpu.scatter_mean(idx, val, out, divisor))
     assert got is out
     assert torch.equal(out, expected)
 
@@ -588,7 +587,7 @@ def test_scatter_mean_of_ascending_runs_equals_index_add(n, ranks, k, divisor, d
     if divisor > 1:
         expected.div_(divisor)
     out = torch.full((n,), float("nan"), dtype=dtype)
-    got = with_threads(threads, lambda: _native.scatter_mean(idx, val, out, divisor))
+    got = with_threads(threads, lambda: cpu.scatter_mean(idx, val, out, divisor))
     assert got is out
     assert torch.equal(out, expected)
 
@@ -609,7 +608,7 @@ def test_scatter_mean_divides_edge_values_as_torch_does(n, divisor, dtype):
     val = torch.cat([special, special[::2] * 0.75])
     expected = torch.zeros(n, dtype=dtype).index_add_(0, idx, val).div_(divisor)
     out = torch.full((n,), float("nan"), dtype=dtype)
-    _native.scatter_mean(idx, val, out, divisor)
+    cpu.scatter_mean(idx, val, out, divisor)
     bits = torch.int32 if dtype == torch.float32 else torch.int64
     assert torch.equal(out.view(bits), expected.view(bits))  # -0.0 and +0.0 told apart
     assert int((expected != 0).sum()) >= 8 and bool(expected.isinf().any())
@@ -621,12 +620,12 @@ def test_scatter_mean_refuses_a_bad_index_before_writing():
     val = torch.ones(4)
     out = torch.full((10,), 7.0)
     with pytest.raises(IndexError, match="index 10 at position 2"):
-        _native.scatter_mean(idx, val, out, 2)
+        cpu.scatter_mean(idx, val, out, 2)
     with pytest.raises(IndexError, match="index -1 at position 0"):
-        _native.scatter_mean(torch.tensor([-1, 2]), val[:2], out, 1)
+        cpu.scatter_mean(torch.tensor([-1, 2]), val[:2], out, 1)
     assert torch.equal(out, torch.full((10,), 7.0))
     with pytest.raises(TypeError, match="scatter_mean"):
-        _native.scatter_mean(idx, val.double(), out, 1)  # values of another dtype
+        cpu.scatter_mean(idx, val.double(), out, 1)  # values of another dtype
 
 
 @needs_native
@@ -645,7 +644,7 @@ def test_scatter_mean_finds_the_first_bad_index_inside_a_vector(index_dtype, thr
         broken = idx.clone()
         broken[where] = torch.tensor(bad, dtype=index_dtype)
         with pytest.raises(IndexError, match=f"index {broken[want]} at position {want}"):
-            with_threads(threads, lambda: _native.scatter_mean(broken, val, out, 2))
+            with_threads(threads, lambda: cpu.scatter_mean(broken, val, out, 2))
         assert torch.equal(out, torch.full((n,), 7.0))
 
 

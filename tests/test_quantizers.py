@@ -11,6 +11,7 @@ import torch
 
 import compressors
 from compressors import Segment, Session, SimulatedGroup
+from compressors.kernels import ops
 from compressors.quantize import pack_signs, unpack_signs
 from repro.distributed import run
 from repro.testing import run_ranks, with_threads
@@ -207,20 +208,19 @@ def test_sign_packing_round_trip(numel):
     assert torch.equal(unpack_signs(packed, numel, torch.float32), torch.where(x >= 0, 1.0, -1.0))
 
 
-@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable")
 @pytest.mark.parametrize("numel", [1, 7, 8, 9, 13, 1000, 2 * 2**17 + 37])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sign_packing_native_equals_torch(monkeypatch, numel, dtype, threads):
     """The native pack (one pass) writes the torch expression's bytes: bit order, the
     padded last byte, −0.0 (sets its bit), NaN (does not), ±Inf."""
-    from compressors.kernels import ops as _native
 
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel), dtype=dtype)
     special = torch.tensor([-0.0, 0.0, float("nan"), float("inf"), -float("inf")], dtype=dtype)
     x[: min(numel, 5)] = special[: min(numel, 5)]
     native = with_threads(threads, lambda: pack_signs(x))
-    monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    monkeypatch.setattr(ops, "supports_cpu", lambda t: False)
     assert torch.equal(native, pack_signs(x))
 
 
@@ -352,7 +352,7 @@ def test_real_ranks_match_simulated_workers():
             i += 1
 
 
-@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable")
 @pytest.mark.parametrize("lengths, bucket", [([1000], None), ([13, 1, 2 * 2**17 + 37, 200], None),
                                              ([5000, 333], 128), ([2 * 2**17 + 37], 128)])
 @pytest.mark.parametrize("levels, dtype", [(1, torch.int8), (127, torch.int8),
@@ -364,7 +364,6 @@ def test_stochastic_levels_native_equals_torch(monkeypatch, lengths, bucket, lev
     """The fused pass (thc_native.stochastic_levels) and the torch twin give the same
     levels bit for bit: groups that start off the 8-lane grid, ragged buckets, a bound
     that clips, exact zeros."""
-    from compressors.kernels import ops as _native
     from compressors.base import Segment
     from compressors.quantize import Groups, stochastic_levels
 
@@ -382,7 +381,7 @@ def test_stochastic_levels_native_equals_torch(monkeypatch, lengths, bucket, lev
     bound = None if clip is None else norms * clip / 50
     native = with_threads(threads, lambda: stochastic_levels(x, groups, inv, bound, levels,
                                                              12345, dtype))
-    monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+    monkeypatch.setattr(ops, "supports_cpu", lambda t: False)
     reference = stochastic_levels(x, groups, inv, bound, levels, 12345, dtype)
     assert native.dtype == reference.dtype == dtype
     assert torch.equal(native, reference)
@@ -395,15 +394,14 @@ def test_stochastic_levels_native_equals_torch(monkeypatch, lengths, bucket, lev
 def test_stochastic_levels_round_down_on_a_tie_with_the_noise(monkeypatch, native):
     """a − ⌊a⌋ equal to u_i is not rounded up (P(up) = frac exactly, no 2^-24 bias): with
     x_i = ±u_i themselves (inv = 1) every level is 0; with x_i = ±(u_i + 2^-24) all are 1."""
-    from compressors.kernels import ops as _native
     from compressors.base import Segment
     from compressors.quantize import Groups, stochastic_levels
     from compressors.kernels.ops import stream_noise as hash_noise
 
-    if native and not _native.available():
+    if native and not ops.available():
         pytest.skip("native kernels unavailable")
     if not native:
-        monkeypatch.setattr(_native, "supports_cpu", lambda t: False)
+        monkeypatch.setattr(ops, "supports_cpu", lambda t: False)
     n, seed = 4099, 77
     groups = Groups.of_layout((Segment("t", 0, n, (n,)),), n, torch.device("cpu"))
     u = hash_noise(n, seed)
@@ -433,14 +431,13 @@ def test_group_abs_max_equals_the_max_of_abs(lengths, dtype):
     assert not torch.signbit(got).any()
 
 
-@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable")
 @pytest.mark.parametrize("lengths", [[1000], [13, 1, 2 * 2**17 + 37, 200], [8, 8, 3]])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int8, torch.int16, torch.int32])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_add_signs_native_equals_torch(monkeypatch, lengths, dtype, threads):
     """One rank's decoded signs added natively (no unpacked tensor) give the torch form's
     bits: groups off the byte grid, a zero weight (a tensor that abstains), every type."""
-    from compressors.kernels import ops as _native
     from compressors.quantize import Groups, add_signs_
 
     groups = Groups(lengths, torch.device("cpu"))
@@ -456,13 +453,13 @@ def test_add_signs_native_equals_torch(monkeypatch, lengths, dtype, threads):
     if len(lengths) > 1:
         weights[-1] = 0
     native = with_threads(threads, lambda: add_signs_(start.clone(), packed, groups, weights))
-    monkeypatch.setattr(_native, "available", lambda: False)
+    monkeypatch.setattr(ops, "available", lambda: False)
     reference = add_signs_(start.clone(), packed, groups, weights)
     assert torch.equal(native, reference)
     assert not torch.equal(native, start)
 
 
-@pytest.mark.skipif(not compressors._native.available(), reason="native kernels unavailable")
+@pytest.mark.skipif(not ops.available(), reason="native kernels unavailable")
 @pytest.mark.parametrize("lengths", [[1000], [13, 1, 2 * 2**17 + 37, 200], [128, 128, 5]])
 @pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32])
 @pytest.mark.parametrize("threads", [1, 2])
@@ -470,7 +467,6 @@ def test_add_levels_native_equals_torch(monkeypatch, lengths, dtype, threads):
     """One rank's levels added natively (no converted float32 tensor) give the torch
     form's bits (the product rounded, then the sum: no FMA): ragged groups, a zero
     weight, negative weights (error feedback's subtraction), every level type."""
-    from compressors.kernels import ops as _native
     from compressors.quantize import Groups, add_levels_
 
     groups = Groups(lengths, torch.device("cpu"))
@@ -483,7 +479,7 @@ def test_add_levels_native_equals_torch(monkeypatch, lengths, dtype, threads):
         weights[-1] = 0
     start = torch.randn(n, generator=g)
     native = with_threads(threads, lambda: add_levels_(start.clone(), levels, groups, weights))
-    monkeypatch.setattr(_native, "available", lambda: False)
+    monkeypatch.setattr(ops, "available", lambda: False)
     reference = add_levels_(start.clone(), levels, groups, weights)
     assert torch.equal(native, reference)
     assert not torch.equal(native, start)

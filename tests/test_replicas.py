@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import compressors
-from compressors import SimulatedGroup, _native
+from compressors import SimulatedGroup
+from compressors.kernels import ops
 from repro.sources import synthetic
 
 
@@ -62,7 +63,7 @@ def test_aggregate_is_independent_of_the_order_payloads_are_added(monkeypatch, w
             return real_index_add(self, dim, index[perm], source[perm], alpha=alpha)
 
         with monkeypatch.context() as m:
-            m.setattr(_native, "supports_cpu", lambda t: False)  # the torch decode
+            m.setattr(ops, "supports_cpu", lambda t: False)  # the torch decode
             m.setattr(torch.Tensor, "index_add_", arrival_order)
             for name in names:
                 got = _aggregates(name, workers)

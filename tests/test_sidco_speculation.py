@@ -12,8 +12,7 @@ import torch
 
 import compressors
 from compressors import Session, drive
-from compressors.kernels import cpu as _native
-from compressors.kernels import ops
+from compressors.kernels import cpu, ops
 from compressors.kernels.numerics import as_dtype
 from compressors.kernels.sidco_pipeline import SPECULATION_MARGIN
 from repro.testing import with_threads
@@ -59,9 +58,9 @@ def test_kernel_matches_its_definition(n, threads, squares, mid_squares, logs, s
     w, b, g = (float(mag.kthvalue(max(1, int(f * n))).values) for f in bounds)
     b = b + 1e-12  # not a float32: rounded as torch rounds it
     first, mid, idx, val, win = with_threads(
-        threads, lambda: _native.sidco_spec(x, w, b, g, squares=squares, logs=logs,
+        threads, lambda: cpu.sidco_spec(x, w, b, g, squares=squares, logs=logs,
                                             mid_squares=mid_squares))
-    plain = _native.stats(x, squares=squares, logs=logs, nonzeros=True)
+    plain = cpu.stats(x, squares=squares, logs=logs, nonzeros=True)
     assert (first.count, first.sum, first.sumsq) == (plain.count, plain.sum, plain.sumsq)
     assert (first.sumsq > 0) == squares
     assert first.nonzero == plain.nonzero == int((x != 0).sum()) < n
@@ -96,25 +95,25 @@ def test_kernel_writes_the_stream_into_the_workspace_it_is_given():
     x = _laplace(300_001, seed=4)
     t = float(x.abs().quantile(0.9))
     kept_buffers = (
-        torch.full((_native.stream_bitmap_bytes(x.numel()) + 5,), 255, dtype=torch.uint8),
+        torch.full((cpu.stream_bitmap_bytes(x.numel()) + 5,), 255, dtype=torch.uint8),
         torch.full((x.numel() + 5,), -7.0), torch.full((x.numel() + 5,), -7.0))
     _, _, idx, val, win = with_threads(
-        2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t, workspace=kept_buffers))
+        2, lambda: cpu.sidco_spec(x, t / 2, t / 1.5, t, workspace=kept_buffers))
     assert idx.bitmap.data_ptr() == kept_buffers[0].data_ptr()
     assert val.data_ptr() == kept_buffers[1].data_ptr()
     assert win.data_ptr() == kept_buffers[2].data_ptr() and win.numel() > 0
-    fresh = with_threads(2, lambda: _native.sidco_spec(x, t / 2, t / 1.5, t))
+    fresh = with_threads(2, lambda: cpu.sidco_spec(x, t / 2, t / 1.5, t))
     assert torch.equal(idx.tensor(), fresh[2].tensor()) and torch.equal(val, fresh[3])
     assert torch.equal(win, fresh[4])
     kept = idx.tensor()
     assert int(kept[-1]) < x.numel() and idx.count == kept.numel() > 0
     # an empty stream: the workspace reused
-    _native.sidco_spec(x * 0, 1.0, 2.0, 3.0, workspace=kept_buffers)
-    again = _native.sidco_spec(x, t / 2, t / 1.5, t, workspace=kept_buffers)
+    cpu.sidco_spec(x * 0, 1.0, 2.0, 3.0, workspace=kept_buffers)
+    again = cpu.sidco_spec(x, t / 2, t / 1.5, t, workspace=kept_buffers)
     assert torch.equal(again[2].tensor(), kept)
-    assert _native.stream_workspace(10)[0].numel() >= _native.stream_bitmap_bytes(10) == 76
-    assert (_native.stream_workspace(10)[0].data_ptr()
-            == _native.stream_workspace(5)[0].data_ptr())
+    assert cpu.stream_workspace(10)[0].numel() >= cpu.stream_bitmap_bytes(10) == 76
+    assert (cpu.stream_workspace(10)[0].data_ptr()
+            == cpu.stream_workspace(5)[0].data_ptr())
 
 
 @needs_native
@@ -129,7 +128,7 @@ def test_stream_positions_select_what_a_positions_tensor_would(n, threads):
     x[n // 3: n // 3 + 5000] = 0.0  # a stretch with no stream: checkpoints that repeat
     mag = x.abs()
     w, b, gg = 0.5, 1.0, 1.5
-    _, _, pos, val, _ = with_threads(threads, lambda: _native.sidco_spec(x, w, b, gg))
+    _, _, pos, val, _ = with_threads(threads, lambda: cpu.sidco_spec(x, w, b, gg))
     keep = mag > gg
     expected = keep.nonzero().view(-1).int()
     assert pos.count == expected.numel() == val.numel()
@@ -150,7 +149,7 @@ def test_stream_positions_select_what_a_positions_tensor_would(n, threads):
 def test_kernel_refuses_what_it_does_not_take():
     for bad in (torch.zeros(10, dtype=torch.float64), torch.zeros(20)[::2]):
         with pytest.raises(TypeError, match="float32"):
-            _native.sidco_spec(bad, 0.1, 0.2, 0.3)
+            cpu.sidco_spec(bad, 0.1, 0.2, 0.3)
     x = torch.ones(100)
     for given in ((torch.empty(83, dtype=torch.uint8), torch.empty(100), torch.empty(100)),
                   (torch.empty(84, dtype=torch.int32), torch.empty(100), torch.empty(100)),
@@ -160,11 +159,11 @@ def test_kernel_refuses_what_it_does_not_take():
                   (torch.empty(84, dtype=torch.uint8), torch.empty(100),
                    torch.empty(100, dtype=torch.float64))):
         with pytest.raises(TypeError, match="workspace for a bitmap of 84"):
-            _native.sidco_spec(x, 0.1, 0.2, 0.3, workspace=given)
+            cpu.sidco_spec(x, 0.1, 0.2, 0.3, workspace=given)
     shared = torch.empty(150)
     for val, win in ((shared[:100], shared[50:]), (shared[:100], shared[:100])):
         with pytest.raises(ValueError, match="two separate buffers"):
-            _native.sidco_spec(x, 0.1, 0.2, 0.3, workspace=(torch.empty(84, dtype=torch.uint8),
+            cpu.sidco_spec(x, 0.1, 0.2, 0.3, workspace=(torch.empty(84, dtype=torch.uint8),
                                                             val, win))
 
 

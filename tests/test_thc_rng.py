@@ -19,15 +19,15 @@ import torch
 import compressors
 from compressors import SimulatedGroup, thc
 from compressors.kernels import cpu_thc as thc_native
-from compressors.kernels import ops as _native
+from compressors.kernels import ops
 from compressors.kernels.counter_stream import counter_hash, draw_seed, seed_words
 from compressors.kernels.ops import l2_norm, stream_noise, stream_signs
 from compressors.thc import RotatedGrid, interval_lut
 from compressors.thc_table import get_table
 from compressors.thc_uniform import uniform_encode
 
-needs_native = pytest.mark.skipif(not _native.available(),
-                                  reason=f"native kernels unavailable: {_native.error()}")
+needs_native = pytest.mark.skipif(not ops.available(),
+                                  reason=f"native kernels unavailable: {ops.error()}")
 
 SEEDS = [0, 1, 7, 2**32 - 1, 2**32, 0xDEADBEEFCAFEBABE, 2**64 - 1]
 SIZES = [1, 7, 8, 9, 1000, 2**15 + 3, 2**17 + 5]
@@ -36,7 +36,7 @@ SIZES = [1, 7, 8, 9, 1000, 2**15 + 3, 2**17 + 5]
 def _reference(monkeypatch, fn):
     with monkeypatch.context() as m:
         m.setenv("GRADCOMP_NATIVE", "0")
-        assert not _native.supports(torch.zeros(3)) and not _native.available()
+        assert not ops.supports(torch.zeros(3)) and not ops.available()
         return fn()
 
 

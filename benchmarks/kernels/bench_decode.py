@@ -10,7 +10,7 @@
    dense tensor per step copied into the gradient afterwards. Timed
    alternately; medians in ms.
 2. Batched sparse decoding of K ranks' k pairs (δ = 0.001) into a preallocated tensor:
-   the native one-sweep kernel (_native.scatter_mean) against torch's zero_, index_add_
+   the native one-sweep kernel (ops.scatter_mean) against torch's zero_, index_add_
    and div_ (the same bits). Medians in ms; their ratio and each path's K = 8 / K = 2."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch
 
 import compressors
 from compressors import drive
-from compressors.kernels import ops as _native
+from compressors.kernels import ops
 from compressors.base import index_dtype, sparse_mean, target_k
 from repro import bench, sources
 from repro.hooks import WorkerCompression
@@ -90,8 +90,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--compressor", default="topk,dgc,dragonn,sidco_e")
     args = parser.parse_args()
-    if not _native.available():
-        raise SystemExit(f"the native kernels are not available: {_native.error()}")
+    if not ops.available():
+        raise SystemExit(f"the native kernels are not available: {ops.error()}")
     n = bench.parse_size(args.numel)
     torch.set_num_threads(args.threads)
     x = sources.synthetic("laplace", n, 1, 0, 0)[0]  # repro bench's default source

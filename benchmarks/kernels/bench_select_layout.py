@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from compressors.kernels import ops as _native
+from compressors.kernels import ops
 from repro.bench import parse_size
 
 
@@ -27,8 +27,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
-    if not _native.available():
-        raise SystemExit(f"the native kernels are not available: {_native.error()}")
+    if not ops.available():
+        raise SystemExit(f"the native kernels are not available: {ops.error()}")
     n = parse_size(args.numel)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(0)
@@ -41,8 +41,8 @@ def main() -> None:
         t = -math.log(frac)
         for values in (False, True):
             calls = {"floor": lambda: torch.sum(ax),
-                     "skip": lambda: _native.select(x, t, values=values),
-                     "dense": lambda: _native.select(x, t, values=values, reserve=n)}
+                     "skip": lambda: ops.select(x, t, values=values),
+                     "dense": lambda: ops.select(x, t, values=values, reserve=n)}
             times = {name: [] for name in calls}
             for fn in calls.values():
                 fn()

@@ -24,7 +24,7 @@ for the device and the device for the host. Here the thresholds stay on the devi
   in ascending order;
 - the final selection is written the same way, and one copy to the host (`read`) brings
   back its size, the thresholds and the flags;
-- once the previous steps' thresholds are known (sidco._speculation_bounds), the first
+- once the previous steps' thresholds are known (sidco_pipeline.speculation_bounds), the first
   read of acc also keeps what stage 2 needs near the guessed first threshold and the pool
   above the guessed second one (`speculate`, one pass that compacts in acc's order by a
   decoupled look-back), so acc is read once per step instead of four times; where the
@@ -56,7 +56,7 @@ triton, tl = gpu.triton, gpu.tl
 
 FLAG_NONFINITE = 1  # the first read's Σ|x| is not finite: a NaN or an Inf
 FLAG_ZERO = 2  # every element is zero
-FLAG_UNSAFE = 4  # mean |x| outside threshold.SAFE_MEAN: the host path rescales first
+FLAG_UNSAFE = 4  # mean |x| outside numerics.SAFE_MEAN: the host path rescales first
 FLAG_REDO = 8  # left to the host-driven path (see the module docstring)
 FLAG_OVERFLOW = 16  # with FLAG_REDO: a pool outgrew its buffer (the caller may size them up)
 FLAG_MISS = 32  # the speculative read's bounds did not hold: redo the step without them
@@ -91,10 +91,6 @@ COMPACT_WARPS = 8
 SPIN_LIMIT = 1 << 22
 # Predecessors' words a tile of the look-back reads at once (one per lane of a warp).
 LOOK_BACK = 32
-# The two-read step (Split): elements of acc per program of the second read, which is
-# also a segment of its pool (one program per segment in the passes over the pool).
-SPLIT_BLOCK = 4096
-SPLIT_WARPS = 8
 
 if triton is not None:
     from compressors.kernels.cuda import _exceedances, _signed_hits
@@ -340,7 +336,7 @@ if triton is not None:
                    R: tl.constexpr):
         # the partials (count, Σy, Σy² rows of `rows` columns) added in program order,
         # then the stage's threshold into `slot_out`: compressors/sidco.py's schedule and
-        # exponential_quantile or _gpareto_threshold, in the same float64 operations.
+        # exponential_quantile or gpareto_threshold, in the same float64 operations.
         # FIRST: stage 1 (location 0, its flags) on the nonzeros (row 5): want_bits holds
         # δ, `left` M, first_bits δ₁ and first_log_bits ln(1/δ₁); at ρ = δ·(d/n₀) when
         # M = 1 or ρ ≥ δ₁ (the stop word then says one stage), else at δ₁; ρ ≥ 1 (every
@@ -473,251 +469,6 @@ if triton is not None:
                     short = tl.where(closed, t < base, t <= base)
                     if short | (t != t) | empty:
                         tl.atomic_or(board_ptr, _REDO)
-
-
-if triton is not None:
-
-    @triton.jit(do_not_specialize=["rows", "ratio_bits", "stages", "first_bits",
-                                   "first_log_bits", "wanted_bits", "margin_bits", "g_slot"])
-    def _first_guess_kernel(part_ptr, rows, board_ptr, t32_ptr, ratio_bits, stages,
-                            first_bits, first_log_bits, wanted_bits, margin_bits, g_slot,
-                            GP: tl.constexpr, R: tl.constexpr):
-        # one program: stage 1 into slot 0 (_first_fit_kernel's fit), then the split's
-        # bound g into g_slot: t₁ where stage 1 is the only stage, else
-        # t₁·(1 + margin·L₂/L₁), L₁ = ln(1/δ₁) and L₂ = ln(δ₁·n₀/(δ·d))/(M − 1) the nominal
-        # second stage's on the n₀ nonzeros (an exponential tail's t₂ is t₁(1 + L₂/L₁))
-        _fit_stage(part_ptr, rows, board_ptr, t32_ptr, 0, 0, ratio_bits, stages, first_bits,
-                   first_log_bits, part_ptr, rows, 0.0, 0.0, 0.0, 0, True, GP, False, R)
-        tl.debug_barrier()
-        nonzero = _add_row(part_ptr + 5 * rows, rows, R)
-        t1 = tl.load(board_ptr + _HEAD).to(tl.float64, bitcast=True)
-        single = tl.load(board_ptr + _STOP) == _STOP_FIRST
-        first_log = _f64(first_log_bits)
-        kept = _f64(first_bits) * nonzero / _f64(wanted_bits)
-        later = tl.log(tl.maximum(kept, 1.0)) / tl.maximum(stages - 1, 1).to(tl.float64)
-        g = tl.where(single, t1, t1 * (1.0 + _f64(margin_bits) * later / first_log))
-        tl.store(board_ptr + _HEAD + g_slot, g.to(tl.int64, bitcast=True))
-        tl.store(t32_ptr + g_slot, g.to(tl.float32))
-
-    @triton.jit(do_not_specialize=["n", "g_slot", "cap", "want_bits", "left"])
-    def _split_kernel(x_ptr, n, board_ptr, t32_ptr, g_slot, part_ptr, done_ptr, pos_ptr,
-                      val_ptr, cap, start_ptr, count_ptr, total_ptr, want_bits, left,
-                      GP: tl.constexpr, BLOCK: tl.constexpr, R: tl.constexpr):
-        # The second read of x, one tile of BLOCK per program: stage 2's partials (count,
-        # Σy, Σy² of y = |x| − t₁ over |x| > t₁, t₁ in slot 0) in column `tile`, and the
-        # pool {|x| ≥ g} (g in g_slot), written at an offset taken from an atomic counter
-        # (total_ptr, zero before): positions and signed values in x's order within the
-        # tile, the tile's offset and count in start_ptr / count_ptr; entries past `cap`
-        # are dropped and flagged. The program that finishes last fits stage 2 into slot 1
-        # (_fit_stage at (δ·d/p)^(1/left)).
-        tile = tl.program_id(0)
-        offs = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-        g = tl.load(t32_ptr + g_slot)
-        x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-        a = tl.abs(x)
-        inside = offs < n
-        hit = inside & (a >= g)
-        h = hit.to(tl.int32)
-        mine = tl.sum(h, axis=0)
-        start = tl.atomic_add(total_ptr, mine.to(tl.int64))
-        dst = start + (tl.cumsum(h, axis=0) - h).to(tl.int64)
-        keep = hit & (dst < cap)
-        tl.store(pos_ptr + dst, offs, mask=keep)
-        tl.store(val_ptr + dst, x, mask=keep)
-        tl.store(start_ptr + tile, start)
-        tl.store(count_ptr + tile, mine.to(tl.int64))
-        if start + mine > cap:
-            tl.atomic_or(board_ptr, _OVERFLOW)
-        _stage_then_fit(a, inside, tile, board_ptr, t32_ptr, 0, 1, part_ptr, done_ptr,
-                        want_bits, left, GP, R)
-
-    @triton.jit
-    def _stage_then_fit(a, inside, tile, board_ptr, t32_ptr, slot_in, slot_out, part_ptr,
-                        done_ptr, want_bits, left, GP: tl.constexpr, R: tl.constexpr):
-        # a later stage's partials of one program (count, Σy, Σy² of y = |x| − t over
-        # |x| > t, t in slot_in) in column `tile`; the program that finishes last fits
-        # the stage into slot_out (as _later_stats_kernel)
-        above = tl.load(t32_ptr + slot_in)
-        shift = tl.load(board_ptr + _HEAD + slot_in).to(tl.float64, bitcast=True)
-        sel = inside & (a > above)
-        y = tl.where(sel, a.to(tl.float64) - shift, 0.0)
-        progs = tl.num_programs(0)
-        tl.store(part_ptr + tile, tl.sum(sel.to(tl.int32), axis=0).to(tl.float64))
-        tl.store(part_ptr + progs + tile, tl.sum(y, axis=0))
-        if GP:
-            tl.store(part_ptr + 2 * progs + tile, tl.sum(y * y, axis=0))
-        else:
-            tl.store(part_ptr + 2 * progs + tile, 0.0)
-        if tl.atomic_add(done_ptr, 1, sem="acq_rel") == progs - 1:
-            _fit_stage(part_ptr, progs, board_ptr, t32_ptr, slot_in, slot_out, want_bits,
-                       left, 0, 0, part_ptr, progs, 0.0, 0.0, 0.0, 0, False, GP, False, R)
-
-    @triton.jit
-    def _segment(val_ptr, start_ptr, count_ptr, cap, tile, BLOCK: tl.constexpr):
-        # tile's segment of the split's pool (its entries below cap): where, which, |x|, x
-        start = tl.load(start_ptr + tile)
-        used = tl.minimum(tl.load(count_ptr + tile), tl.maximum(cap - start, 0))
-        at = start + tl.arange(0, BLOCK)
-        inside = tl.arange(0, BLOCK) < used
-        x = tl.load(val_ptr + at, mask=inside, other=0.0)
-        return at, inside, x, tl.abs(x)
-
-    @triton.jit(do_not_specialize=["cap", "slot_in", "slot_out", "want_bits", "left"])
-    def _segment_stage_kernel(val_ptr, start_ptr, count_ptr, cap, board_ptr, t32_ptr,
-                              slot_in, slot_out, part_ptr, done_ptr, want_bits, left,
-                              GP: tl.constexpr, BLOCK: tl.constexpr, R: tl.constexpr):
-        # A later stage over the split's pool, one program per tile of x (its segment),
-        # so the partials are added in x's order whatever order the segments were
-        # written in (_stage_then_fit)
-        tile = tl.program_id(0)
-        _, inside, _, a = _segment(val_ptr, start_ptr, count_ptr, cap, tile, BLOCK)
-        _stage_then_fit(a, inside, tile, board_ptr, t32_ptr, slot_in, slot_out, part_ptr,
-                        done_ptr, want_bits, left, GP, R)
-
-    @triton.jit(do_not_specialize=["cap", "slot"])
-    def _segment_count_kernel(val_ptr, start_ptr, count_ptr, cap, t32_ptr, slot, hits_ptr,
-                              BLOCK: tl.constexpr):
-        # per tile of x: its pool entries with |x| ≥ t (t in slot)
-        tile = tl.program_id(0)
-        _, inside, _, a = _segment(val_ptr, start_ptr, count_ptr, cap, tile, BLOCK)
-        hit = inside & (a >= tl.load(t32_ptr + slot))
-        tl.store(hits_ptr + tile, tl.sum(hit.to(tl.int32), axis=0).to(tl.int64))
-
-    @triton.jit(do_not_specialize=["cap", "slot", "out_cap", "g_slot", "check_slot"])
-    def _segment_write_kernel(val_ptr, pos_ptr, start_ptr, count_ptr, cap, t32_ptr, slot,
-                              hits_ptr, ends_ptr, out_pos_ptr, out_val_ptr, out_cap,
-                              board_ptr, g_slot, check_slot, BLOCK: tl.constexpr):
-        # The final selection {|x| ≥ t} from the pool, in x's order: each tile's hits at
-        # the inclusive sum of the hits before (ends_ptr), at most out_cap of them. The
-        # last program writes its size into board[1], flags a buffer too small, and flags
-        # MISS unless the pool holds every element the stages read (the threshold in
-        # check_slot, rounded as compared, at least the pool's bound g)
-        tile = tl.program_id(0)
-        mine = tl.load(hits_ptr + tile)
-        end = tl.load(ends_ptr + tile)
-        if mine > 0:
-            at, inside, x, a = _segment(val_ptr, start_ptr, count_ptr, cap, tile, BLOCK)
-            hit = inside & (a >= tl.load(t32_ptr + slot))
-            h = hit.to(tl.int32)
-            dst = end - mine + (tl.cumsum(h, axis=0) - h).to(tl.int64)
-            keep = hit & (dst < out_cap)
-            p = tl.load(pos_ptr + at, mask=keep, other=0)
-            tl.store(out_pos_ptr + dst, p.to(tl.int64), mask=keep)
-            tl.store(out_val_ptr + dst, x, mask=keep)
-        if tile == tl.num_programs(0) - 1:
-            tl.store(board_ptr + 1, tl.minimum(end, out_cap))
-            flags = tl.where(end > out_cap, _OVERFLOW, 0)
-            short = tl.load(t32_ptr + check_slot) < tl.load(t32_ptr + g_slot)
-            flags |= tl.where(short, _MISS, 0)
-            if flags != 0:
-                tl.atomic_or(board_ptr, flags.to(tl.int64))
-
-
-class Split:
-    """One SIDCo step in two reads of acc (select_split in sidco_pipeline.py), its state on
-    the device until `read`:
-
-    - `first`: stage 1's statistics pass and fit (slot 0), and the bound g of the pool
-      (slot `g_slot`, from stage 1's fit: see _first_guess_kernel; `set_first` instead
-      for a stage 1 fitted on the host);
-    - `split`: the second read: stage 2's statistics and fit (slot 1) and the pool
-      {|x| ≥ g} (positions and signed values) in segments, one per tile of acc;
-    - `later`: a later stage over the pool's segments;
-    - `final`: the selection {|x| ≥ t} from the pool in acc's order, flagged MISS where
-      the stages read below g (then the pool may lack elements they need: the caller
-      redoes the step another way).
-    The board is Stages' layout (flags, size, stop word, thresholds as float64 bits) and
-    the done counters of the fused fits and the pool's counter after it."""
-
-    def __init__(self, acc: torch.Tensor, stages: int, capacity: float):
-        if not gpu.supports(acc):
-            raise TypeError("Split takes a contiguous float32 tensor on the current CUDA "
-                            "device (or a CPU one under Triton's interpreter)")
-        self.acc, self.stages, self.capacity = acc, stages, capacity
-        n, device = acc.numel(), acc.device
-        self.slots = max(stages, 2) + 1
-        self.g_slot = self.slots - 1
-        self.tiles = -(-n // SPLIT_BLOCK)
-        self.board = torch.zeros(HEAD + self.slots + self.slots + 1, dtype=torch.int64,
-                                 device=device)
-        self._done = HEAD + self.slots
-        self.t32 = torch.empty(self.slots, dtype=torch.float32, device=device)
-        self._parts = torch.empty(3 * self.tiles * self.slots, dtype=torch.float64,
-                                  device=device)
-        # per tile: the segment's start and count, then its final hits
-        self._words = torch.empty(3 * self.tiles, dtype=torch.int64, device=device)
-        self.pool_cap = 0
-
-    def _part(self, slot: int) -> torch.Tensor:
-        return self._parts[3 * self.tiles * slot:3 * self.tiles * (slot + 1)]
-
-    def first(self, gp: bool, ratio: float, first_ratio: float, wanted: float,
-              margin: float) -> None:
-        part = gpu.stats_partials(self.acc, squares=gp, nonzeros=True)
-        _first_guess_kernel[(1,)](part, part.shape[1], self.board, self.t32,
-                                  _f64_bits(ratio), self.stages, _f64_bits(first_ratio),
-                                  _f64_bits(-math.log(first_ratio)), _f64_bits(wanted),
-                                  _f64_bits(margin), self.g_slot, GP=gp, R=REDUCE,
-                                  num_warps=8)
-
-    def set_first(self, threshold: float, bound: float, single: bool) -> None:
-        """Stage 1 fitted on the host (SIDCo-P's gamma stage): its threshold, the pool's
-        bound and whether it is the only stage."""
-        self.board[HEAD] = _f64_bits(threshold)
-        self.board[HEAD + self.g_slot] = _f64_bits(bound)
-        if single:
-            self.board[STOP] = STOP_FIRST
-        self.t32[0] = _f32(threshold)
-        self.t32[self.g_slot] = _f32(bound)
-
-    def split(self, gp: bool, wanted: float, keep: float) -> None:
-        """The second read; the pool's buffer holds `capacity` times the fraction `keep`
-        expected there (and 4096)."""
-        n, device = self.acc.numel(), self.acc.device
-        self.pool_cap = min(n, math.ceil(self.capacity * keep * n) + 4096)
-        index = torch.int32 if n < 2**31 else torch.int64
-        self.pos = torch.empty(self.pool_cap, dtype=index, device=device)
-        self.val = torch.empty(self.pool_cap, dtype=self.acc.dtype, device=device)
-        t = self.tiles
-        _split_kernel[(t,)](self.acc, n, self.board, self.t32, self.g_slot, self._part(1),
-                            self.board[self._done + 1:], self.pos, self.val, self.pool_cap,
-                            self._words[:t], self._words[t:2 * t],
-                            self.board[self._done + self.slots:], _f64_bits(wanted),
-                            max(self.stages - 1, 1), GP=gp, BLOCK=SPLIT_BLOCK,
-                            R=FUSED_REDUCE, num_warps=SPLIT_WARPS)
-
-    def later(self, slot: int, gp: bool, wanted: float) -> None:
-        """Stage slot + 1 (slot ≥ 2) from the pool: the exceedances of slot − 1's
-        threshold, at the ratio their count gives, into `slot`."""
-        t = self.tiles
-        _segment_stage_kernel[(t,)](self.val, self._words[:t], self._words[t:2 * t],
-                                    self.pool_cap, self.board, self.t32, slot - 1, slot,
-                                    self._part(slot), self.board[self._done + slot:],
-                                    _f64_bits(wanted), self.stages - slot, GP=gp,
-                                    BLOCK=SPLIT_BLOCK, R=FUSED_REDUCE, num_warps=SPLIT_WARPS)
-
-    def final(self, slot: int, out_cap: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The selection at the threshold in `slot` (positions int64, signed values)."""
-        t, device = self.tiles, self.acc.device
-        words = (self.val, self._words[:t], self._words[t:2 * t], self.pool_cap, self.t32,
-                 slot)
-        hits = self._words[2 * t:]
-        _segment_count_kernel[(t,)](*words, hits, BLOCK=SPLIT_BLOCK, num_warps=SPLIT_WARPS)
-        ends = torch.cumsum(hits, 0)
-        out_cap = min(out_cap, self.pool_cap)
-        positions = torch.empty(out_cap, dtype=torch.int64, device=device)
-        values = torch.empty(out_cap, dtype=self.acc.dtype, device=device)
-        _segment_write_kernel[(t,)](self.val, self.pos, *words[1:], hits, ends, positions,
-                                    values, out_cap, self.board, self.g_slot,
-                                    min(1, self.stages - 1), BLOCK=SPLIT_BLOCK,
-                                    num_warps=SPLIT_WARPS)
-        return positions, values
-
-    def read(self) -> tuple[int, int, list[float]]:
-        """(flags, the selection's size, every slot's threshold; the last is g): the one
-        copy to the host."""
-        got = self.board[:HEAD + self.slots].tolist()
-        return got[0], got[1], [_from_bits(b) for b in got[HEAD:HEAD + self.slots]]
 
 
 class Pool(NamedTuple):

@@ -189,6 +189,7 @@ class TorchPasses:
     thresholds are in units of |acc|/scale."""
 
     def __init__(self, acc: torch.Tensor):
+        self.acc = acc
         self.source = magnitudes(acc)
         self.scale = 1.0
 
@@ -207,9 +208,11 @@ class TorchPasses:
         return pool[mask]
 
     def select(self, t: float, mask: torch.Tensor | None = None, expected: int = 0
-               ) -> torch.Tensor:
-        """Positions of |acc| ≥ t (the mask of the last count at t, when given)."""
-        return nonzero_indices(self.source >= t if mask is None else mask)
+               ) -> Selected:
+        """Positions of |acc| ≥ t (the mask of the last count at t, when given), with
+        acc's values at them."""
+        return Selected.gather(self.acc, nonzero_indices(self.source >= t if mask is None
+                                                         else mask))
 
     def rescaled(self) -> TorchPasses:
         """Divide the magnitudes in place by the scale that brings their mean into

@@ -30,7 +30,6 @@ and gamma_threshold; its class builds variants for the device check.
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import NamedTuple
 
@@ -43,8 +42,7 @@ from compressors.kernels.types import NonFinite, Selected, Stats
 
 # Speculation: the first read also takes what the second stage needs for a first
 # threshold within ±5% of the one guessed from the last two steps', and the pool above
-# 95% of the guessed second threshold (the drift and the share of steps where that holds,
-# in training: benchmarks/kernels/sidco_speculation.py).
+# 95% of the guessed second threshold.
 SPECULATION_MARGIN = 0.05
 
 # A later stage compacts its pool to the exceedances of the last threshold when they are
@@ -61,25 +59,7 @@ COMPACT_BELOW = 0.1
 POOL_CAPACITY = 4.0
 POOL_CAPACITY_MAX = 64.0
 
-# The two-read device step (select_split): the second read keeps {|x| ≥ g} with g between
-# stage 1's threshold t₁ and the second one guessed from stage 1's fit, at SPLIT_MARGIN of
-# the way (0: g = t₁, a pool that always holds what the later stages read; on an
-# exponential tail 0.5 keeps about δ₁·δ₂^0.5 of acc, 12% at δ = 0.001 with five stages).
-# A step whose second threshold falls below g is redone, and the tensor's later steps
-# halve the margin (to 0 below SPLIT_MARGIN_MIN); its buffer holds SPLIT_CAPACITY times
-# the fraction expected, doubled (to POOL_CAPACITY_MAX) after it overflowed.
-SPLIT_MARGIN = 0.5
-SPLIT_MARGIN_MIN = 0.1
-SPLIT_CAPACITY = 2.0
-
 Found = tuple  # (Selected or None where all zero, threshold, whether the guess held)
-
-
-# The two-read split (select_split) is taken on CUDA only with GRADCOMP_SIDCO_SPLIT=1: on an
-# H200 at 128M, δ = 0.001 it took 2.73 / 2.88 / 3.99 ms (sidco_e / gp / p) against the
-# device stages' 2.66 / 2.75 / 2.57 ms; its second read (_split_kernel) alone took 1.2 ms,
-# about 9 times one read of the gradient, and the later stages over the pool 0.6 ms.
-SPLIT = os.environ.get("GRADCOMP_SIDCO_SPLIT", "0") == "1"
 
 
 def select(acc: torch.Tensor, k: int, stages: int, fits, state: dict,
@@ -92,8 +72,6 @@ def select(acc: torch.Tensor, k: int, stages: int, fits, state: dict,
     capacity); `check_finite`: NonFinite on a NaN or an Inf, found in the first read."""
     if not ops.supports(acc):
         return None
-    if acc.device.type == "cuda" and SPLIT and split_usable(acc.device, fits):
-        return select_split(acc, k, stages, fits, state, check_finite)
     if acc.device.type == "cuda" and device_stages_usable(acc.device, fits):
         return select_device(acc, k, stages, fits, state, check_finite)
     return select_host(acc, k, stages, fits, state, check_finite)
@@ -420,9 +398,12 @@ def select_device(acc: torch.Tensor, k: int, stages: int, fits, state: dict,
             st = ops.stats(acc, logs=True)
         else:
             st = Stats(*dev.gpu.reduce_stats(spec.part))
-        stop, found = _host_first_read(acc, st, check_finite)
-        if stop:
-            return found
+        check_sum_finite(acc, st.sum, check_finite)
+        mean = st.sum / st.count
+        if mean == 0.0:
+            return None, 0.0, None
+        if not safe(mean):
+            return None
         plan = fits.first_stage(st.count, st.nonzero, stages)
         board.set(0, first_threshold(fits, acc, st, plan))
         one_stage = one_stage or plan is None or plan.single
@@ -453,8 +434,12 @@ def select_device(acc: torch.Tensor, k: int, stages: int, fits, state: dict,
         else:
             out = board.final(src, last, base, base_slot)
     flags, total, thresholds = board.read()
-    if flags & (dev.FLAG_NONFINITE | dev.FLAG_ZERO | dev.FLAG_UNSAFE):
-        return _first_read_flags(flags, check_finite)
+    if flags & dev.FLAG_NONFINITE and check_finite:
+        raise NonFinite("the tensor holds NaN or Inf")
+    if flags & dev.FLAG_ZERO:
+        return None, 0.0, None
+    if flags & dev.FLAG_UNSAFE:
+        return None
     if flags & dev.FLAG_MISS:
         # The guess did not hold (or stage 1 chose a single stage, or stage 2 stopped: the
         # pool read then holds too little): the step again without it (what overflowed
@@ -542,151 +527,3 @@ def same_selection(a: Selected, b: Selected) -> bool:
     """The same positions (whatever their integer dtype) and the same values."""
     return (torch.equal(a.indices.to(torch.int64), b.indices.to(torch.int64))
             and torch.equal(a.values, b.values))
-
-
-# -- the two-read device step (CUDA) ----------------------------------------------------------
-
-
-def select_split(acc: torch.Tensor, k: int, stages: int, fits, state: dict,
-                 check_finite: bool = False) -> Found | None:
-    """The stages in two reads of acc with no host synchronisation before the last
-    (cuda_sidco.Split): the first read's statistics and stage 1's fit on the device; the
-    second read fits stage 2 and keeps the pool {|x| ≥ g} (SPLIT_MARGIN); the later
-    stages and the final selection read only the pool. The same fits, schedule and
-    selection as select_device; what the split does not decide (stage 2 below g, a pool
-    past its buffer) is redone by select_device without speculation, what the device
-    does not decide (select_device's flags) by select_host. Returns what select_host
-    does (the speculation never tried: None)."""
-    found = _split_once(acc, k, stages, fits, state, check_finite)
-    if isinstance(found, str):
-        if found == "host":
-            return select_host(acc, k, stages, fits, state, check_finite)
-        return select_device(acc, k, stages, fits, state, check_finite, speculate=False)
-    return found
-
-
-def split_bound(fits, threshold: float, nonzeros: int, wanted: float, stages: int,
-                margin: float, single: bool) -> float:
-    """The pool's bound g for stage 1's threshold: the host's twin of
-    cuda_sidco._first_guess_kernel (for a stage 1 fitted on the host)."""
-    if single:
-        return threshold
-    later = math.log(max(fits.first_stage_ratio * nonzeros / wanted, 1.0)) / max(stages - 1, 1)
-    return threshold * (1.0 + margin * later / -math.log(fits.first_stage_ratio))
-
-
-def _split_once(acc: torch.Tensor, k: int, stages: int, fits, state: dict,
-                check_finite: bool) -> Found | str | None:
-    """select_split's step, or why it is to be redone: "host" (select_host) or "device"
-    (select_device without speculation)."""
-    from compressors.kernels import cuda_sidco as dev
-
-    capacity = state.get("split_capacity", SPLIT_CAPACITY)
-    margin = state.get("split_margin", SPLIT_MARGIN)
-    wanted = fits.ratio * acc.numel()
-    gp = fits.later_fit != "exponential"
-    run = 1 if fits.ratio >= fits.first_stage_ratio else stages
-    step = dev.Split(acc, run, capacity)
-    if fits.first_fit == "gamma":
-        st = ops.stats(acc, logs=True)
-        stop, found = _host_first_read(acc, st, check_finite)
-        if stop:
-            return found
-        plan = fits.first_stage(st.count, st.nonzero, run)
-        if plan is None:
-            return "host"
-        threshold = first_threshold(fits, acc, st, plan)
-        step.set_first(threshold, split_bound(fits, threshold, st.nonzero, wanted, run,
-                                              margin, plan.single), plan.single)
-    else:
-        step.first(gp=fits.first_fit == "gpareto", ratio=fits.ratio,
-                   first_ratio=fits.first_stage_ratio, wanted=wanted, margin=margin)
-    nominal = fits.nominal_ratios(run)
-    keep = nominal[0] if run == 1 else nominal[0] * nominal[1] ** margin
-    step.split(gp, wanted, keep)
-    for slot in range(2, run):
-        step.later(slot, gp, wanted)
-    positions, values = step.final(run - 1, math.ceil(capacity * k) + 4096)
-    flags, total, thresholds = step.read()
-    if flags & (dev.FLAG_NONFINITE | dev.FLAG_ZERO | dev.FLAG_UNSAFE):
-        return _first_read_flags(flags, check_finite)
-    if flags & dev.FLAG_OVERFLOW:
-        state["split_capacity"] = min(2 * capacity, POOL_CAPACITY_MAX)
-    if flags & dev.FLAG_MISS:
-        state["split_margin"] = 0.0 if margin / 2 < SPLIT_MARGIN_MIN else margin / 2
-    if flags & (dev.FLAG_OVERFLOW | dev.FLAG_MISS):
-        return "device"
-    if flags & dev.FLAG_REDO:
-        return "host"
-    return Selected(positions[:total], values[:total]), thresholds[run - 1], None
-
-
-_split_checked: dict = {}  # (device, variant) -> whether select_split may be used there
-
-
-def split_usable(device: torch.device, fits) -> bool:
-    """Whether select_split is used on `device` for this variant: checked once per
-    device and variant (check_split) against the host-driven path."""
-    key = (device, type(fits).__name__)
-    if key not in _split_checked:
-        _split_checked[key] = check_split(device, type(fits))
-    return _split_checked[key]
-
-
-def check_split(device: torch.device, variant: type) -> bool:
-    """_split_once against select_host on `device` for a SIDCo `variant`: a Laplace
-    gradient, one with 90% exact zeros and a ragged size, at ratios 0.001 and 0.05. True
-    when each step was decided by the split itself and agrees (selection and threshold);
-    else False with a warning (the other paths are then used)."""
-    problem = None
-    try:
-        g = torch.Generator().manual_seed(7)
-        u = torch.rand(300_007, generator=g, dtype=torch.float64) - 0.5
-        base = (-u.sign() * torch.log1p(-2 * u.abs()) * 1e-3).to(torch.float32)
-        zeros = base.clone()
-        zeros[torch.randperm(base.numel(), generator=g)[:270_000]] = 0.0
-        for ratio in (0.001, 0.05):
-            fits = variant(ratio=ratio)
-            k = max(1, int(ratio * base.numel()))
-            for acc in (base, zeros, base[:4099]):
-                acc = acc.to(device)
-                got = _split_once(acc, k, fits.initial_stages, fits, {}, False)
-                want = select_host(acc, k, fits.initial_stages, fits, {})
-                if isinstance(got, str) or got is None or not (
-                        same_selection(got[0], want[0])
-                        and abs(got[1] - want[1]) <= 1e-12 * abs(want[1])):
-                    problem = f"its selection at ratio {ratio} differs from the host path's"
-                    break
-            if problem is not None:
-                break
-    except Exception as exc:  # noqa: BLE001 (whatever fails: report it, use another path)
-        problem = f"{type(exc).__name__}: {exc}"
-    if problem is not None:
-        warnings.warn(f"SIDCo's two-read device step is unusable on {device} ({problem}); "
-                      "using the other paths", RuntimeWarning, stacklevel=4)
-    return problem is None
-
-
-def _first_read_flags(flags: int, check_finite: bool) -> Found | None:
-    """What the device's first read flagged: NaN or Inf (raised when checked, else left
-    to the reference path: None), an all-zero acc, a mean that needs rescaling (None)."""
-    from compressors.kernels import cuda_sidco as dev
-
-    if flags & dev.FLAG_NONFINITE and check_finite:
-        raise NonFinite("the tensor holds NaN or Inf")
-    if flags & dev.FLAG_ZERO:
-        return None, 0.0, None
-    return None
-
-
-def _host_first_read(acc: torch.Tensor, st: Stats, check_finite: bool) -> tuple[bool, Found | None]:
-    """A first read's Stats checked on the host (a stage 1 fitted there): (True, what the
-    step returns) for NaN/Inf (raised when checked), an all-zero acc or a mean that needs
-    rescaling; else (False, None)."""
-    check_sum_finite(acc, st.sum, check_finite)
-    mean = st.sum / st.count
-    if mean == 0.0:
-        return True, (None, 0.0, None)
-    if not safe(mean):
-        return True, None
-    return False, None
