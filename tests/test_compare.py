@@ -123,7 +123,8 @@ def test_compare_prints_table_and_writes_plots_and_html(runs, tmp_path, capsys):
         assert f'src="{name}"' in html
     assert not os.path.exists(os.path.join(out, "density_vs_step.png"))
     assert "topk-r0.01-w2-cifar10_resnet20" in html and "none-w2-cifar10_resnet20" in html
-    assert "projected samples/s" in html and "no run logged &#x27;density&#x27;" in html
+    text = html.replace("<wbr>", "")  # headers may break after "/" and "_"
+    assert "projected samples/s" in text and "no run logged &#x27;density&#x27;" in html
     assert os.path.getsize(os.path.join(out, "table.csv")) > 0
 
 
