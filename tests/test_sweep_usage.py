@@ -17,7 +17,7 @@ import pytest
 import torch
 import yaml
 
-from repro import launch, sweep
+from repro import failures, launch
 from repro.cli import main
 from repro.logging import read_metrics, read_summary, run_summary_lines
 from repro.runs import fmt
@@ -127,7 +127,7 @@ def diverging_sweep(tmp_path_factory):
 def test_a_failing_run_is_recorded_and_the_sweep_goes_on(diverging_sweep, monkeypatch):
     root, lines, error, bad, good = diverging_sweep
     assert os.path.exists(os.path.join(good, "DONE"))  # the run after the failure ran
-    record = sweep.read_failure(bad)
+    record = failures.read_failure(bad)
     assert record["status"] == "diverged" and "NaN" in record["reason"]
     assert not os.path.exists(os.path.join(bad, "DONE"))
     assert error.failed == [(bad, record)] and "1 of 2 runs failed" in str(error)
@@ -148,7 +148,7 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(diverging_sweep, monkey
         launch.train([*SWEEP, f"runs_root={root}"], multirun=True, out=retried.append,
                      keep_going=True, retry_failed=True, progress=True)
     assert status_lines(retried)[0] == f"[running] {bad}"
-    assert sweep.read_failure(bad)["status"] == "diverged"
+    assert failures.read_failure(bad)["status"] == "diverged"
 
 
 @pytest.mark.slow

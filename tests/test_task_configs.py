@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 import tasks
 from repro import config as config_mod
-from repro import launch
+from repro import launch, runner
 
 RECORDED = json.loads((Path(__file__).parent / "task_hparams.json").read_text())["tasks"]
 SIZES = ("smoke", "paper")
@@ -67,8 +67,8 @@ def _no_workers(monkeypatch):
 
     import repro.train
 
-    monkeypatch.setattr(launch, "spawn", no_worker)
-    monkeypatch.setattr(launch, "torchrun", no_worker)
+    monkeypatch.setattr(runner, "spawn", no_worker)
+    monkeypatch.setattr(runner, "torchrun", no_worker)
     monkeypatch.setattr(repro.train, "run_simulated", no_worker)
 
 
