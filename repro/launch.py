@@ -13,8 +13,8 @@ when DONE and resumed from its last checkpoint otherwise (re-running a sweep fin
 what is missing); one whose config differs only by more `steps` is extended from its last
 checkpoint; one whose directory holds another config (a fixed name= or run_dir=, fewer
 steps) is refused before anything starts, naming every differing key, unless the caller
-asked to restart it. A run that fails is recorded as failed or diverged (repro.sweep) and,
-with keep_going, the rest of the sweep runs.
+asked to restart it. A run that fails is recorded as failed or diverged (repro.failures)
+and, with keep_going, the rest of the sweep runs.
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ class Planned:
     # The steps of the run in run_dir when this one only adds steps to it (it is extended
     # from its last checkpoint), else None.
     extend_from: int | None = None
-    # RUN_DIR/FAILED of an earlier attempt (repro.sweep), if any.
+    # RUN_DIR/FAILED of an earlier attempt (repro.failures), if any.
     failure: dict[str, Any] | None = None
     # What made this launch of the run (repro.provenance), written with its config.
     provenance: dict[str, Any] | None = None
@@ -638,7 +638,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
     caller that owns its runs folder, e.g. the paper figures) discards and re-runs it. A
     dry run deletes nothing.
 
-    A run that fails is recorded in RUN_DIR/FAILED (failed, or diverged: repro.sweep).
+    A run that fails is recorded in RUN_DIR/FAILED (failed, or diverged: repro.failures).
     keep_going=True (a sweep from the command line) goes on with the next run, lists the
     failures at the end and raises RunsFailed; otherwise the failure is raised at once.
     retry_failed=False skips a run whose earlier attempt failed, saying why. progress=True

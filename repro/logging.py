@@ -9,7 +9,7 @@ A run directory (written by the trainer, read by `repro compare` and the sweeps)
     RUN_DIR/provenance.json what made each launch of the run (repro.provenance)
     RUN_DIR/checkpoints/    the trainer's checkpoints (the last step's always kept)
     RUN_DIR/DONE            marker: the run finished (sweeps skip such runs)
-    RUN_DIR/FAILED          its last attempt failed or diverged (repro.sweep)
+    RUN_DIR/FAILED          its last attempt failed or diverged (repro.failures)
 
 Crash safety: every metrics line is flushed and fsynced, so a killed rank loses at most
 the line it was writing. A relaunch from the checkpoint at step N rewrites the file

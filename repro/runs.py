@@ -108,7 +108,7 @@ class Run:
     summary: dict[str, Any] | None  # None while the run has not finished
     done: bool  # the DONE marker is present
     torn: bool = False  # metrics.jsonl ended in an incomplete line, which was skipped
-    failure: dict[str, Any] | None = None  # RUN_DIR/FAILED (repro.sweep), if the run failed
+    failure: dict[str, Any] | None = None  # RUN_DIR/FAILED (repro.failures), if the run failed
 
     @property
     def status(self) -> str:

@@ -17,6 +17,7 @@ import pytest
 import torch
 import yaml
 
+from repro import config as config_mod
 from repro import failures, launch
 from repro.cli import main
 from repro.logging import read_metrics, read_summary, run_summary_lines
@@ -178,7 +179,7 @@ def test_each_run_records_what_made_it(diverging_sweep):
     assert record["versions"]["torch"] == torch.__version__
     assert record["versions"]["gradcomp-repro"] and record["versions"]["hydra-core"]
     assert "wandb" not in record["versions"]  # logger=local: not in use
-    clone = os.path.exists(os.path.join(os.path.dirname(launch.conf_dir()), ".git"))
+    clone = os.path.exists(os.path.join(os.path.dirname(config_mod.conf_dir()), ".git"))
     if clone:
         assert re.fullmatch(r"[0-9a-f]{40}", record["git"]["commit"])
         assert isinstance(record["git"]["dirty"], bool)
@@ -353,7 +354,7 @@ def test_a_paper_size_run_shorter_than_the_papers_schedule_is_warned(tmp_path):
 
 
 def test_the_readme_states_the_task_sizes():
-    with open(os.path.join(os.path.dirname(launch.conf_dir()), "README.md")) as f:
+    with open(os.path.join(os.path.dirname(config_mod.conf_dir()), "README.md")) as f:
         text = " ".join(f.read().split())
     assert "`task.size` is `smoke` by default" in text
     assert "task.size=paper" in text and "warm-up" in text
@@ -361,7 +362,7 @@ def test_the_readme_states_the_task_sizes():
 
 # -- 14. the small ones ------------------------------------------------------------------------------
 def readme() -> str:
-    with open(os.path.join(os.path.dirname(launch.conf_dir()), "README.md")) as f:
+    with open(os.path.join(os.path.dirname(config_mod.conf_dir()), "README.md")) as f:
         return f.read()
 
 

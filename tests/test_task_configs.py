@@ -85,7 +85,7 @@ def _refusal(tmp_path, monkeypatch, overrides) -> str:
 
 def _conf_copy(tmp_path, monkeypatch) -> Path:
     conf = tmp_path / "conf"
-    shutil.copytree(launch.conf_dir(), conf)
+    shutil.copytree(config_mod.conf_dir(), conf)
     monkeypatch.setenv("GRADCOMP_CONF", str(conf))
     return conf
 

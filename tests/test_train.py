@@ -434,7 +434,7 @@ def test_configs_check_passes_and_detects_drift(tmp_path, monkeypatch, capsys):
 
     assert main(["configs", "--check"]) == 0, capsys.readouterr().out
     conf = tmp_path / "conf"
-    shutil.copytree(launch.conf_dir(), conf)
+    shutil.copytree(config_mod.conf_dir(), conf)
     (conf / "compressor" / "topk.yaml").write_text("name: topk\nratio: 0.5\n")
     (conf / "task" / "retired_task.yaml").write_text("name: retired_task\n")
     (conf / "compressor" / "dgc.yaml").unlink()
