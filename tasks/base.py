@@ -108,6 +108,7 @@ class Task(abc.ABC):
 
     def __init__(
         self,
+        *,
         size: str = "smoke",
         data: str = "standin",
         data_root: str | None = None,
@@ -116,6 +117,10 @@ class Task(abc.ABC):
         hparams: Mapping[str, Any] | None = None,
         hf: Mapping[str, Any] | None = None,
     ):
+        """Keywords only (a family adds its own and passes these on): size, data kind and
+        data_root, the per-worker batch size (None: the task file's), the seed, hparams
+        over the task file's values for this size, and the Hugging Face source (hf:
+        overrides of the task file's hf: block) for data="hf"."""
         check_choice("size", size, SIZES)
         check_choice("data", data, DATA_KINDS)
         if data == "hf" and not self.hf_splits:
