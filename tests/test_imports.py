@@ -170,7 +170,7 @@ def test_the_config_sits_below_the_rest_of_the_engine():
     checkpoints build on it, never it on them."""
     graph = import_graph()
     engine = sorted(m for m in reach(graph, CONFIG) if m.split(".")[0] == "repro")
-    assert engine == [DURABLE, "repro.netem"]
+    assert set(engine) <= {DURABLE, "repro.netem"}, f"{CONFIG} reaches {', '.join(engine)}"
     assert reach(graph, "repro.netem") <= {DURABLE}
     assert CONFIG in graph["repro.cluster"] and "repro.launch" not in graph["repro.cluster"]
 
