@@ -375,7 +375,7 @@ def validate(cfg: DictConfig, device: bool = True):
     values. device=False leaves the device check to where the run trains (a job
     submitted from a login node)."""
     import compressors
-    from compressors.base import resolve_scope
+    from compressors.base import resolve_granularity
 
     c = cfg.compressor
     names = compressors.list_compressors()
@@ -471,7 +471,7 @@ def validate(cfg: DictConfig, device: bool = True):
         keys = "compressor.ratio / compressor.params" if c.ratio is not None else "compressor.params"
         raise ValueError(f"compressor={c.name} ({keys}): {exc}") from None
     try:  # the exchange's scope: DEFT refuses granularity=layer, with the reason
-        resolve_scope(compressor, c.granularity)
+        resolve_granularity(compressor, c.granularity)
     except ValueError as exc:
         raise ValueError(f"compressor.granularity={c.granularity}: {exc}") from None
     # ... and one tiny simulated exchange with cluster.workers workers catches what depends
@@ -560,11 +560,11 @@ def training_plan(cfg: DictConfig, compressor, hparams: dict[str, Any]) -> Train
     so momentum is never applied twice. An Adam task keeps Adam (DRAGONN's setting:
     Adam with memory momentum correction). Local clipping (compressor.local_clip) moves
     the task's clipping to each worker, before accumulation, at norm × N^-1/2."""
-    from compressors.base import resolve_scope
+    from compressors.base import resolve_granularity
 
     c = cfg.compressor
     feedback = compressor.default_feedback if c.feedback == "default" else c.feedback
-    granularity = resolve_scope(compressor, c.granularity)
+    granularity = resolve_granularity(compressor, c.granularity)
     clip = cfg.task.clip if cfg.task.clip is not None else hparams.get("clip")
     clip = float(clip) if clip else None
     momentum, nesterov, optimizer = None, False, "task"

@@ -460,8 +460,8 @@ def test_simulated_step_metrics_are_one_workers_step():
     from omegaconf import OmegaConf
 
     from compressors import Pattern
+    from repro.compression import StepRecord
     from repro.costmodel import Network
-    from repro.hooks import StepRecord
     from repro.train import Trainer
 
     def rec(seconds):
