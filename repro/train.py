@@ -13,10 +13,9 @@ Workers never compose configs: they read RUN_DIR/config.yaml written by the laun
 
 from __future__ import annotations
 
-import datetime
+import contextlib
 import os
 import random
-import threading
 import time
 import warnings
 from typing import Any
@@ -33,7 +32,13 @@ from repro.costmodel import (
     sent_fraction,
     wire_bytes_per_worker,
 )
-from repro.distributed import comm_clock
+from repro.distributed import (
+    comm_clock,
+    die_with_parent,
+    from_rank0,
+    init_distributed,
+    naming_stopped_ranks,
+)
 from repro.hooks import CompressionHookState, StepRecord, WorkerCompression, compression_hook
 from repro.schedule import RatioWarmup
 
@@ -188,11 +193,7 @@ class Trainer:
                                              device=str(self.device))
                 selector = EfficiencySelector(self.network, profile,
                                               sent_fraction(self.compressor))
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                box = [selector]
-                dist.broadcast_object_list(box, src=0)
-                selector = box[0]
-            self._selector = selector
+            self._selector = from_rank0(selector)
         return self._selector
 
     def apply_schedule(self, compressions: list[WorkerCompression]) -> None:
@@ -293,10 +294,7 @@ class Trainer:
                 path = self.find_checkpoint()
             except MetricsGap as exc:
                 path = exc
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            box = [path]
-            dist.broadcast_object_list(box, src=0)
-            path = box[0]
+        path = from_rank0(path)
         if isinstance(path, MetricsGap):
             raise path
         return path
@@ -935,120 +933,8 @@ class ReplicaTrainer(SimulatedTrainer):
         super().save_checkpoint()
 
 
-def init_distributed(cfg, rank: int | None = None, world_size: int | None = None,
-                     init_method: str | None = None) -> tuple[int, int]:
-    """Join the process group: from torchrun's environment, or from spawn's arguments.
-    Collectives wait at most cluster.timeout_s for the other ranks."""
-    backend = cfg.cluster.backend
-    timeout = datetime.timedelta(seconds=float(cfg.cluster.timeout_s))
-    if rank is None:  # under torchrun
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            # The elastic agent's store outlives a relaunch, and with it the previous
-            # attempt's keys (rank addresses): relaunched ranks would read a dead rank's
-            # address. A per-attempt prefix keeps each attempt's rendezvous apart.
-            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-            agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                  world_size, is_master=False)
-            store = dist.PrefixStore(f"gradcomp/attempt_{restart}", agent)
-            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                                    timeout=timeout)
-        else:
-            dist.init_process_group(backend, timeout=timeout)  # env://
-    else:
-        dist.init_process_group(backend, init_method=init_method, rank=rank,
-                                world_size=world_size, timeout=timeout)
-    if cfg.cluster.device.startswith("cuda"):
-        local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
-        torch.cuda.set_device(local)
-        cfg.cluster.device = f"cuda:{local}"
-    return dist.get_rank(), dist.get_world_size()
-
-
 class MetricsGap(RuntimeError):
     """metrics.jsonl lacks steps a checkpoint or a finished run must have logged."""
-
-
-class RankStopped(RuntimeError):
-    """Another rank stopped answering: it died, hung past cluster.timeout_s, or failed."""
-
-
-class Heartbeat:
-    """Each rank writes the time into the process group's store every `period` seconds
-    from a daemon thread. When a collective fails, the ranks whose heartbeat stopped are
-    the ones that stopped answering: the error can name them (gloo's own says only
-    'Connection closed by peer', or times out)."""
-
-    def __init__(self, rank: int, world_size: int, period: float):
-        from torch.distributed import distributed_c10d
-
-        self.rank, self.world_size, self.period = rank, world_size, period
-        self.store = distributed_c10d._get_default_store()
-        self._stop = threading.Event()
-        self._beat()
-        self._thread = threading.Thread(target=self._loop, name="gradcomp-heartbeat",
-                                        daemon=True)
-        self._thread.start()
-
-    def _key(self, rank: int) -> str:
-        return f"gradcomp/heartbeat/{rank}"
-
-    def _beat(self) -> None:
-        self.store.set(self._key(self.rank), repr(time.time()))
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.period):
-            try:
-                self._beat()
-            except Exception:  # noqa: BLE001 - the store went away: the run is ending
-                return
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def read(self) -> dict[int, str | None]:
-        out: dict[int, str | None] = {}
-        for r in range(self.world_size):
-            try:
-                out[r] = self.store.get(self._key(r)).decode()
-            except Exception:  # noqa: BLE001 - unreadable: the store's host is gone
-                out[r] = None
-        return out
-
-    def stopped(self) -> list[int]:
-        """The ranks whose heartbeat does not move over a few periods (this one aside),
-        leaving out those that, like this one, are stopping because of the failure (they
-        say so in the store first, so their heartbeat ending does not count)."""
-        try:
-            self.store.set(f"gradcomp/leaving/{self.rank}", "1")
-        except Exception:  # noqa: BLE001 - the store's host is gone: nothing to say
-            pass
-        first = self.read()
-        time.sleep(2.5 * self.period)
-        second = self.read()
-        return [r for r in range(self.world_size)
-                if r != self.rank and (second[r] is None or second[r] == first[r])
-                and not self._leaving(r)]
-
-    def _leaving(self, rank: int) -> bool:
-        try:
-            return self.store.check([f"gradcomp/leaving/{rank}"])
-        except Exception:  # noqa: BLE001
-            return False
-
-
-def die_with_parent() -> None:
-    """Linux: this rank gets SIGKILL when the process that started it (the launcher, or
-    torchrun's agent) dies, so no rank outlives the launch that holds the run folder's
-    lock (repro.runfolder). Elsewhere nothing changes."""
-    import ctypes
-    import signal
-
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = None,
@@ -1063,38 +949,18 @@ def run_rank(run_dir: str, rank: int | None = None, world_size: int | None = Non
     cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
     torch.set_num_threads(max(1, cfg.cluster.threads_per_worker))
     rank, world_size = init_distributed(cfg, rank, world_size, init_method)
-    heartbeat = None
-    if world_size > 1:
-        try:
-            heartbeat = Heartbeat(rank, world_size, min(2.0, cfg.cluster.timeout_s / 10))
-        except Exception:  # noqa: BLE001 - no store to write to: no names in the error
-            heartbeat = None
     trainer = None
     try:
-        with stopping.stop_on_signals(escalate=False):
+        with naming_stopped_ranks(  # every rank raises these itself: nobody stopped answering
+                rank, world_size, cfg.cluster.timeout_s, own=(FloatingPointError, MetricsGap),
+                own_names=("FloatingPointError", "ReplicasDiffer"),
+                step=lambda: "?" if trainer is None else trainer.step,
+        ), stopping.stop_on_signals(escalate=False):
             trainer = DDPTrainer(run_dir, rank, world_size)
             return trainer.run()
-    except (RuntimeError, dist.DistError) as exc:
-        if (heartbeat is None or isinstance(exc, (RankStopped, FloatingPointError, MetricsGap))
-                or "FloatingPointError" in str(exc) or "ReplicasDiffer" in str(exc)):
-            raise  # every rank raises these itself: nobody stopped answering
-        gone = heartbeat.stopped()
-        if not gone:
-            raise
-        step = "?" if trainer is None else trainer.step
-        raise RankStopped(
-            f"rank {rank}: a collective failed at step {step} because rank(s) "
-            f"{', '.join(map(str, gone))} stopped answering (no heartbeat for "
-            f"{2.5 * heartbeat.period:.0f} s; collectives wait at most cluster.timeout_s="
-            f"{cfg.cluster.timeout_s:g} s). The failure: {str(exc).strip().splitlines()[0]}"
-        ) from exc
     finally:
-        if heartbeat is not None:
-            heartbeat.stop()
-        try:
+        with contextlib.suppress(Exception):  # a broken group cannot always be torn down
             dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - a broken group cannot always be torn down
-            pass
 
 
 def run_simulated(run_dir: str) -> dict[str, Any]:
