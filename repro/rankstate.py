@@ -8,9 +8,9 @@ every checkpoint saves per rank or per simulated worker.
 (repro.train.SimulatedTrainer), each seeing what a real DDP rank would: its own random
 stream (dropout), started from the same seeded state as every rank's, and rank 0's
 buffers as they were when the step began (DDP broadcasts them before every forward).
-After the n passes the process goes on as rank 0, with rank 0's stream and the buffers
-rank 0's forward left. So n = 2 simulated equals a real 2-rank run step for step. A
-checkpoint holds each worker's stream with its gradient exchange's state (`state`).
+After the n passes the process goes on as rank 0, with rank 0's gradients, stream and
+the buffers rank 0's forward left. So n = 2 simulated equals a real 2-rank run step for
+step. A checkpoint holds each worker's stream with its exchange's state (`state`).
 """
 
 from __future__ import annotations
@@ -45,29 +45,24 @@ class SimulatedRanks:
         # seeded state) or from a checkpoint.
         self.rng: list[dict[str, Any]] | None = None
         self.buffers = list(model.buffers())
-        # Rank 0's buffers at the start of the step, and after rank 0's forward.
-        self.buffers_start = [b.clone() for b in self.buffers]
-        self.buffers_rank0 = [b.clone() for b in self.buffers]
+        self.buffers_start = [b.clone() for b in self.buffers]  # as the step began
 
     def passes(self) -> Iterator[int]:
-        """Each rank in turn, with its random stream and rank 0's starting buffers in
-        place while the caller runs its pass; once all are done, rank 0's state."""
+        """Each rank in turn, rank 0 last, with its random stream and the buffers of the
+        step's start in place while the caller runs its pass. Rank 0 goes last so that
+        afterwards the model's gradients, buffers and the process's stream are rank 0's
+        as they are: nothing has to be put back, parameter by parameter."""
         if self.rng is None:
             self.rng = [get_rng() for _ in range(self.n)]
         self.rng[0] = get_rng()  # this process's own stream is rank 0's
-        if self.buffers:
+        if self.buffers and self.n > 1:
             torch._foreach_copy_(self.buffers_start, self.buffers)
-        for rank in range(self.n):
-            if rank and self.buffers:  # DDP: every rank's forward starts from rank 0's buffers
+        for i, rank in enumerate([*range(1, self.n), 0]):
+            if i and self.buffers:  # DDP: every rank's forward starts from rank 0's buffers
                 torch._foreach_copy_(self.buffers, self.buffers_start)
             set_rng(self.rng[rank])
             yield rank
             self.rng[rank] = get_rng()
-            if rank == 0 and self.buffers and self.n > 1:
-                torch._foreach_copy_(self.buffers_rank0, self.buffers)
-        if self.buffers and self.n > 1:
-            torch._foreach_copy_(self.buffers, self.buffers_rank0)
-        set_rng(self.rng[0])  # the process continues as rank 0 (evaluation)
 
     def state(self, exchanges: Sequence[Any]) -> list[dict[str, Any]]:
         """Each worker's part of a checkpoint: its exchange's state (error feedback,

@@ -432,17 +432,15 @@ class SimulatedTrainer(Trainer):
 
     def exchange_step(self, batches) -> tuple[float, int]:
         group = next(batches)
-        grads_per_worker = []
-        losses = []
-        for rank in self.ranks.passes():
+        grads_per_worker: list[Any] = [None] * self.world_size
+        losses: list[Any] = [None] * self.world_size
+        for rank in self.ranks.passes():  # rank 0 last: its gradients stay on the model
             self.model.zero_grad(set_to_none=True)
             loss = poisoned(self.task.loss(self.model, group[rank]), self.step, rank)
             loss.backward()
-            losses.append(loss.detach())
-            grads_per_worker.append([(n, p.grad) for n, p in self.named])
-        self.exchange(grads_per_worker)
-        for (_, p), (_, g) in zip(self.named, grads_per_worker[0]):
-            p.grad = g
+            losses[rank] = loss.detach()
+            grads_per_worker[rank] = [(n, p.grad) for n, p in self.named]
+        self.exchange(grads_per_worker)  # worker 0's aggregate, in the model's .grad
         total = losses[0].clone()
         for l_ in losses[1:]:
             total += l_

@@ -160,25 +160,24 @@ def test_a_run_whose_metrics_lack_a_step_gets_neither_summary_nor_done(tmp_path)
 def test_each_simulated_rank_has_its_own_stream_and_starts_from_rank_0s_buffers():
     """Three workers on one BatchNorm model: at the first step every stream starts from
     the same state (as every real rank's does), then each goes on from its own (rank 0's
-    is the process's, between steps too); each
-    forward starts from the buffers rank 0 had when the step began; afterwards the
-    process holds rank 0's stream and the buffers rank 0's forward left."""
+    is the process's, between steps too); each forward starts from the buffers rank 0
+    had when the step began; rank 0 runs last, so afterwards the process holds rank 0's
+    stream and the buffers rank 0's forward left."""
     torch.manual_seed(0)
     model = torch.nn.BatchNorm1d(4)
     ranks = SimulatedRanks(model, 3)
     start = model.running_mean.clone()
-    draws, seen = [], []
+    draws, seen, after = {}, {}, {}
     for rank in ranks.passes():
-        seen.append(model.running_mean.clone())
-        draws.append(torch.rand(1).item())
-        model(torch.randn(8, 4) + rank)  # moves the running statistics
-        if rank == 0:
-            after_rank0 = model.running_mean.clone()
-    assert draws[0] == draws[1] == draws[2]
-    assert all(torch.equal(s, start) for s in seen)
-    assert torch.equal(model.running_mean, after_rank0)
+        seen[rank] = model.running_mean.clone()
+        draws[rank] = torch.rand(1).item()
+        model(torch.randn(8, 4) + rank)  # moves the running statistics, differently per rank
+        after[rank] = model.running_mean.clone()
+    assert list(draws) == [1, 2, 0] and draws[0] == draws[1] == draws[2]
+    assert all(torch.equal(s, start) for s in seen.values())
+    assert torch.equal(model.running_mean, after[0]) and not torch.equal(after[0], after[1])
     continued = torch.rand(1).item()  # rank 0's stream goes on in the process
-    second = [torch.rand(1).item() for rank in ranks.passes()]
+    second = {rank: torch.rand(1).item() for rank in ranks.passes()}
     # ranks 1 and 2 draw their second number, as rank 0 did in `continued`; rank 0 its third
     assert second[1] == second[2] == continued != second[0]
 
