@@ -41,6 +41,8 @@ Parts = dict[str, Callable[[], Any]]
 
 
 class Checkpointer:
+    """One run's checkpoints, as one process sees them (every process has one)."""
+
     def __init__(self, run_dir: str, cfg, rank: int = 0, world_size: int = 1,
                  ranks: bool = False):
         """ranks: every process of the process group writes a part of each checkpoint

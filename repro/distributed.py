@@ -181,8 +181,8 @@ class Heartbeat:
 
     @classmethod
     def start(cls, rank: int, world_size: int, timeout_s: float) -> "Heartbeat | None":
-        """A heartbeat for this rank, beating a tenth as often as collectives time out
-        (at most every 2 s); None where no other rank listens or there is no store."""
+        """A heartbeat for this rank, beating every tenth of the collectives' timeout (at
+        least every 2 s); None where no other rank listens or there is no store."""
         if world_size <= 1:
             return None
         try:

@@ -39,6 +39,8 @@ def set_rng(state: dict[str, Any]) -> None:
 
 
 class SimulatedRanks:
+    """The per-rank streams and starting buffers of n workers simulated on `model`."""
+
     def __init__(self, model: torch.nn.Module, n: int):
         self.n = n
         # Each worker's stream: set at the first step (every rank starts from the same
