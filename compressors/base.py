@@ -416,8 +416,6 @@ def resolve_granularity(compressor: Compressor, granularity: str) -> str:
     return granularity
 
 
-resolve_scope = resolve_granularity  # the name repro/config.py imports
-
 
 class Sparsifier(Compressor):
     """Selects coordinates of |acc| and sends their exact values by sparse allgather.

@@ -27,6 +27,7 @@ import shutil
 import warnings
 from typing import Any
 
+from repro.config import config_hash  # noqa: F401 - a manifest's hash; also read from here
 from repro.durable import (  # noqa: F401 - OutputError & co. are also read from here
     OutputError,
     check_writable,
@@ -66,26 +67,6 @@ def sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def config_hash(cfg) -> str:
-    """SHA-256 of the run's resolved config, without the keys that cannot change its
-    results (repro.launch.RESULT_NEUTRAL_KEYS: where the run lives, how progress shows) and
-    without `steps`: a run given more steps goes on from its checkpoints."""
-    from omegaconf import OmegaConf
-
-    from repro.launch import RESULT_NEUTRAL_KEYS
-
-    data = OmegaConf.to_container(cfg, resolve=True)
-
-    def strip(node: Any, prefix: str = "") -> Any:
-        if not isinstance(node, dict):
-            return node
-        return {k: strip(v, f"{prefix}{k}.") for k, v in sorted(node.items())
-                if f"{prefix}{k}" not in (*RESULT_NEUTRAL_KEYS, "steps")}
-
-    text = json.dumps(strip(data), sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def begin(step_dir: str) -> None:

@@ -51,18 +51,15 @@ def launcher_config(overrides: Sequence[str]) -> dict[str, Any] | None:
     except ImportError:
         raise ValueError("hydra/launcher=submitit_* needs hydra-submitit-launcher: pip install "
                          '-e ".[slurm]"') from None
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from repro import launch
+    from repro import config as config_mod
 
-    launch._register_schema()
-    with initialize_config_dir(config_dir=launch.conf_dir(), version_base=None):
-        try:
-            cfg = compose(config_name="config", overrides=list(overrides),
-                          return_hydra_config=True)
-        except Exception as exc:  # noqa: BLE001 - Hydra's own error, one line
-            raise ValueError(f"bad launcher override: {str(exc).splitlines()[0]}") from None
+    config_mod.conf_dir()  # a missing tree is named as such, not as a bad override
+    try:
+        cfg = config_mod.hydra_compose(overrides, hydra=True)
+    except Exception as exc:  # noqa: BLE001 - Hydra's own error, one line
+        raise ValueError(f"bad launcher override: {str(exc).splitlines()[0]}") from None
     node = OmegaConf.to_container(cfg.hydra.launcher, resolve=False)
     # Hydra's interpolations point at its sweep dir and job name, which this launcher does
     # not use: the caller sets the folder, the job name is the run's.
@@ -155,7 +152,7 @@ def _run_job(run_dir: str) -> str:
     import subprocess
 
     from repro import config as config_mod
-    from repro import launch
+    from repro import runner
 
     cfg = config_mod.load(os.path.join(run_dir, "config.yaml"))
     config_mod.check_device(cfg)  # here, where the run trains (not on the login node)
@@ -169,7 +166,7 @@ def _run_job(run_dir: str) -> str:
         if result.returncode != 0:
             raise RuntimeError(f"torchrun exited with {result.returncode} for {run_dir}")
         return run_dir
-    launch.run_prepared(run_dir, cfg)
+    runner.run_prepared(run_dir, cfg)
     return run_dir
 
 

@@ -433,15 +433,14 @@ SEED_FREE = ("seed", "name", "run_dir", "runs_root", "group")
 
 def seed_groups(runs: Sequence[Run]) -> list[list[Run]]:
     """The runs in groups of the same config but for the seed (and where they live, how
-    they are shown: repro.launch.RESULT_NEUTRAL_KEYS), in first-seen order; only groups
+    they are shown: repro.config.RESULT_NEUTRAL_KEYS), in first-seen order; only groups
     of two or more runs."""
-    from repro.launch import RESULT_NEUTRAL_KEYS, flatten_config
+    from repro.config import RESULT_NEUTRAL_KEYS, flatten_config, within
 
     def key(r: Run) -> str:
         flat = flatten_config(r.config)
         skip = (*SEED_FREE, *RESULT_NEUTRAL_KEYS)
-        return repr(sorted((k, repr(v)) for k, v in flat.items()
-                           if not any(k == s or k.startswith(s + ".") for s in skip)))
+        return repr(sorted((k, repr(v)) for k, v in flat.items() if not within(k, skip)))
 
     groups: dict[str, list[Run]] = {}
     for r in runs:

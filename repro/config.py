@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import json
 import math
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -210,6 +213,85 @@ class TrainConfig:
     name: Optional[str] = None  # run name; derived from compressor/task/ratio/workers
 
 
+# -- the Hydra tree and its composition ----------------------------------------------------------
+def conf_dir() -> str:
+    """The Hydra config tree: $GRADCOMP_CONF, else conf/ beside the packages (a clone). The
+    task files live in it, so tasks.hyperparams finds it."""
+    from tasks.hyperparams import conf_dir as tree
+
+    return tree()
+
+
+def register_schema() -> None:
+    """The schema in Hydra's ConfigStore (a process-wide store): built once, 13 ms."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    if "base_config.yaml" not in store.repo:
+        store.store(name="base_config", node=TrainConfig)
+
+
+def hydra_compose(overrides: Sequence[str], hydra: bool = False) -> DictConfig:
+    """conf/config.yaml composed by Hydra with `overrides` over the schema; hydra=True keeps
+    Hydra's own node (its launcher settings). Hydra's exceptions pass through (repro.launch
+    turns them into one-line errors)."""
+    from hydra import compose, initialize_config_dir
+
+    register_schema()
+    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
+        return compose(config_name="config", overrides=list(overrides),
+                       return_hydra_config=hydra)
+
+
+# -- what keys a run ------------------------------------------------------------------------------
+# Config keys that cannot change a run's results, left out when a run's config is compared
+# with the config.yaml already in its directory and from its checkpoints' config_hash:
+# where the run lives (run_dir, runs_root; moving or copying a runs folder must not
+# invalidate its runs), how progress is shown or mirrored (the progress bar, W&B logging
+# and its project, entity, tags, notes, group) and how often checkpoints are written and
+# kept (a resumed run equals an uninterrupted one), none of which touches the training
+# itself or the local metrics.jsonl / summary.json.
+RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project",
+                       "logger.entity", "logger.tags", "logger.notes", "logger.group",
+                       "checkpoint_every", "checkpoint_every_s", "keep_checkpoints",
+                       "checkpoint_at_end")
+
+
+def within(key: str, keys: Sequence[str]) -> bool:
+    """Whether the dotted `key` is one of `keys` or lies under one ("logger.tags.0" under
+    "logger.tags")."""
+    return any(key == k or key.startswith(k + ".") for k in keys)
+
+
+def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted key -> leaf value; lists are leaves, an empty mapping contributes nothing."""
+    if not isinstance(node, dict):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        flat.update(flatten_config(value, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def without_keys(node: Any, keys: Sequence[str], prefix: str = "") -> Any:
+    """A nested mapping (a config as plain containers) without the dotted `keys` and what
+    lies under them."""
+    if not isinstance(node, dict):
+        return node
+    return {k: without_keys(v, keys, f"{prefix}{k}.") for k, v in node.items()
+            if not within(f"{prefix}{k}", keys)}
+
+
+def config_hash(cfg: DictConfig) -> str:
+    """SHA-256 of the run's resolved config, without the keys that cannot change its
+    results (RESULT_NEUTRAL_KEYS: where the run lives, how progress shows) and without
+    `steps`: a run given more steps goes on from its checkpoints."""
+    data = OmegaConf.to_container(cfg, resolve=True)
+    text = json.dumps(without_keys(data, (*RESULT_NEUTRAL_KEYS, "steps")), sort_keys=True,
+                      default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 MAX_WORKERS = 1024  # the pre-launch probe exchanges among this many workers in ~2.5 s
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
@@ -293,7 +375,7 @@ def validate(cfg: DictConfig, device: bool = True):
     values. device=False leaves the device check to where the run trains (a job
     submitted from a login node)."""
     import compressors
-    from compressors.base import resolve_scope
+    from compressors.base import resolve_granularity
 
     c = cfg.compressor
     names = compressors.list_compressors()
@@ -389,7 +471,7 @@ def validate(cfg: DictConfig, device: bool = True):
         keys = "compressor.ratio / compressor.params" if c.ratio is not None else "compressor.params"
         raise ValueError(f"compressor={c.name} ({keys}): {exc}") from None
     try:  # the exchange's scope: DEFT refuses granularity=layer, with the reason
-        resolve_scope(compressor, c.granularity)
+        resolve_granularity(compressor, c.granularity)
     except ValueError as exc:
         raise ValueError(f"compressor.granularity={c.granularity}: {exc}") from None
     # ... and one tiny simulated exchange with cluster.workers workers catches what depends
@@ -478,11 +560,11 @@ def training_plan(cfg: DictConfig, compressor, hparams: dict[str, Any]) -> Train
     so momentum is never applied twice. An Adam task keeps Adam (DRAGONN's setting:
     Adam with memory momentum correction). Local clipping (compressor.local_clip) moves
     the task's clipping to each worker, before accumulation, at norm × N^-1/2."""
-    from compressors.base import resolve_scope
+    from compressors.base import resolve_granularity
 
     c = cfg.compressor
     feedback = compressor.default_feedback if c.feedback == "default" else c.feedback
-    granularity = resolve_scope(compressor, c.granularity)
+    granularity = resolve_granularity(compressor, c.granularity)
     clip = cfg.task.clip if cfg.task.clip is not None else hparams.get("clip")
     clip = float(clip) if clip else None
     momentum, nesterov, optimizer = None, False, "task"

@@ -12,12 +12,21 @@ thread, as DDP intends.
 Within a round, requests are issued asynchronously in order and then waited on. Unequal
 AllGather lengths (threshold sparsifiers) are handled by gathering all of the round's
 lengths in one small collective, padding to the longest, gathering, and trimming.
+
+A rank joins the process group (`init_distributed`), from torchrun's environment or
+spawn's arguments, and dies with the process that started it (`die_with_parent`). Its
+`Heartbeat` in the group's store lets it say, when a collective fails, which ranks
+stopped answering (RankStopped), where gloo's own error says only that a peer closed the
+connection, or that the collective timed out.
 """
 
+import contextlib
+import datetime
+import os
 import queue
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import torch
@@ -125,7 +134,7 @@ class CommThread:
             gen, group, fut = self._jobs.get()
             try:
                 value = run(gen, group)
-            except BaseException as exc:  # surface it through the future
+            except BaseException as exc:  # noqa: BLE001 - surface it through the future
                 fut.set_exception(exc)
             else:
                 fut.set_result(value)
@@ -147,3 +156,175 @@ def run_async(gen: Generator[Any, Any, Any], group=None) -> torch.futures.Future
         if _comm_thread is None:
             _comm_thread = CommThread()
     return _comm_thread.submit(gen, group)
+
+
+class RankStopped(RuntimeError):
+    """Another rank stopped answering: it died, hung past cluster.timeout_s, or failed."""
+
+
+class Heartbeat:
+    """Each rank writes the time into the process group's store every `period` seconds
+    from a daemon thread. When a collective fails, the ranks whose heartbeat stopped are
+    the ones that stopped answering: the error can name them (gloo's own says only
+    'Connection closed by peer', or times out)."""
+
+    def __init__(self, rank: int, world_size: int, period: float):
+        from torch.distributed import distributed_c10d
+
+        self.rank, self.world_size, self.period = rank, world_size, period
+        self.store = distributed_c10d._get_default_store()
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._loop, name="gradcomp-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def start(cls, rank: int, world_size: int, timeout_s: float) -> "Heartbeat | None":
+        """A heartbeat for this rank, beating every tenth of the collectives' timeout (at
+        least every 2 s); None where no other rank listens or there is no store."""
+        if world_size <= 1:
+            return None
+        try:
+            return cls(rank, world_size, min(2.0, timeout_s / 10))
+        except Exception:  # noqa: BLE001 - no store to write to: no names in the error
+            return None
+
+    def _key(self, rank: int) -> str:
+        return f"gradcomp/heartbeat/{rank}"
+
+    def _beat(self) -> None:
+        self.store.set(self._key(self.rank), repr(time.time()))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - the store went away: the run is ending
+                return
+
+    def stop(self) -> None:
+        """End the beats and wait for the thread: no store call is in flight when the
+        process group and its store are torn down."""
+        self._stop.set()
+        self._thread.join(timeout=self.period + 5)
+
+    def read(self) -> dict[int, str | None]:
+        out: dict[int, str | None] = {}
+        for r in range(self.world_size):
+            try:
+                out[r] = self.store.get(self._key(r)).decode()
+            except Exception:  # noqa: BLE001 - unreadable: the store's host is gone
+                out[r] = None
+        return out
+
+    def stopped(self) -> list[int]:
+        """The ranks whose heartbeat does not move over a few periods (this one aside),
+        leaving out those that, like this one, are stopping because of the failure (they
+        say so in the store first, so their heartbeat ending does not count)."""
+        with contextlib.suppress(Exception):  # the store's host is gone: nothing to say
+            self.store.set(f"gradcomp/leaving/{self.rank}", "1")
+        first = self.read()
+        time.sleep(2.5 * self.period)
+        second = self.read()
+        return [r for r in range(self.world_size)
+                if r != self.rank and (second[r] is None or second[r] == first[r])
+                and not self._leaving(r)]
+
+    def _leaving(self, rank: int) -> bool:
+        try:
+            return self.store.check([f"gradcomp/leaving/{rank}"])
+        except Exception:  # noqa: BLE001
+            return False
+
+    def explain(self, exc: BaseException, step: int | str, timeout_s: float) -> RankStopped | None:
+        """RankStopped naming the ranks that stopped answering, for a collective that
+        failed with `exc` at `step`; None when every other rank is still beating."""
+        gone = self.stopped()
+        if not gone:
+            return None
+        return RankStopped(
+            f"rank {self.rank}: a collective failed at step {step} because rank(s) "
+            f"{', '.join(map(str, gone))} stopped answering (no heartbeat for "
+            f"{2.5 * self.period:.0f} s; collectives wait at most cluster.timeout_s="
+            f"{timeout_s:g} s). The failure: {str(exc).strip().splitlines()[0]}")
+
+
+def from_rank0(value: Any) -> Any:
+    """Rank 0's `value` on every rank (broadcast in the default process group where it
+    has several ranks; elsewhere `value` itself): a decision taken once, for all."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+    return value
+
+
+@contextlib.contextmanager
+def naming_stopped_ranks(rank: int, world_size: int, timeout_s: float,
+                         step: Callable[[], int | str], own: tuple[type, ...] = (),
+                         own_names: tuple[str, ...] = ()) -> Iterator[Heartbeat | None]:
+    """This rank's Heartbeat beats within the block; a collective that fails in it
+    (RuntimeError, DistError) because other ranks stopped answering is raised as
+    RankStopped naming them and `step()`. Errors of the kinds in `own`, or whose text
+    names one of `own_names` (one rank's error carried to another), every rank raises
+    itself: they pass as they are, as does every error where no heartbeat could start."""
+    heartbeat = Heartbeat.start(rank, world_size, timeout_s)
+    try:
+        yield heartbeat
+    except (RuntimeError, dist.DistError) as exc:
+        if (heartbeat is None or isinstance(exc, (RankStopped, *own))
+                or any(name in str(exc) for name in own_names)):
+            raise
+        stopped = heartbeat.explain(exc, step(), timeout_s)
+        if stopped is None:
+            raise
+        raise stopped from exc
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+
+
+def init_distributed(cfg, rank: int | None = None, world_size: int | None = None,
+                     init_method: str | None = None) -> tuple[int, int]:
+    """Join the process group: from torchrun's environment, or from spawn's arguments.
+    Collectives wait at most cluster.timeout_s for the other ranks."""
+    backend = cfg.cluster.backend
+    timeout = datetime.timedelta(seconds=float(cfg.cluster.timeout_s))
+    if rank is None:  # under torchrun
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The elastic agent's store outlives a relaunch, and with it the previous
+            # attempt's keys (rank addresses): relaunched ranks would read a dead rank's
+            # address. A per-attempt prefix keeps each attempt's rendezvous apart.
+            rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                  world_size, is_master=False)
+            store = dist.PrefixStore(f"gradcomp/attempt_{restart}", agent)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
+                                    timeout=timeout)
+        else:
+            dist.init_process_group(backend, timeout=timeout)  # env://
+    else:
+        dist.init_process_group(backend, init_method=init_method, rank=rank,
+                                world_size=world_size, timeout=timeout)
+    if cfg.cluster.device.startswith("cuda"):
+        local = int(os.environ.get("LOCAL_RANK", dist.get_rank()))
+        torch.cuda.set_device(local)
+        cfg.cluster.device = f"cuda:{local}"
+    return dist.get_rank(), dist.get_world_size()
+
+
+
+def die_with_parent() -> None:
+    """Linux: this rank gets SIGKILL when the process that started it (the launcher, or
+    torchrun's agent) dies, so no rank outlives the launch that holds the run folder's
+    lock (repro.runfolder). Elsewhere nothing changes."""
+    import ctypes
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

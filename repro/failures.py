@@ -1,8 +1,12 @@
 """How a failed run ends: one line naming the cause and the log file; the tracebacks go
-into the log, not onto the console.
+into the log, not onto the console; and a record that the run failed.
 
     RUN_DIR/error.log   one entry per failure, newest last: a header line
                         "== <who> (pid@host) <time>: <cause>" and the traceback
+    RUN_DIR/FAILED      {"status": "failed" | "diverged", "reason": ..., "log": ...}: the run
+                        stopped with an error (diverged: a NaN or an Inf in the gradients).
+                        A re-run of the sweep skips it, naming the reason, unless
+                        --retry-failed; it goes when the run finishes.
 
 The launcher (`repro train`) writes its own entry and prints `failure_line`; a rank
 under torchrun (repro.worker) writes its entry and exits with a one-line message, so
@@ -12,13 +16,16 @@ cannot be written (a full disk), the log goes to the system's temp folder instea
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import tempfile
 import time
 import traceback
+from typing import Any
 
 LOG = "error.log"
+FAILED = "FAILED"
 _HEADER = "== "
 
 
@@ -99,3 +106,61 @@ def failure_line(command: str, exc: BaseException, log: str, run_dir: str | None
         if ranks:
             reason = ranks[0]
     return f"{command}: failed: {reason} (traceback in {log})"
+
+
+# -- the FAILED record --------------------------------------------------------------
+def diverged(exc: BaseException) -> bool:
+    """Whether a run's error is a divergence: a NaN or an Inf in the gradients, raised
+    here (repro.hooks.NonFiniteGradient) or by a spawned rank (its traceback's text)."""
+    seen: set[int] = set()
+    node: BaseException | None = exc
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        if type(node).__name__ == "NonFiniteGradient" or "NonFiniteGradient" in str(node):
+            return True
+        node = node.__cause__ or node.__context__
+    return False
+
+
+def record_failure(run_dir: str, exc: BaseException, log: str) -> dict[str, Any]:
+    """Write RUN_DIR/FAILED for a run that ended with `exc` (its traceback is in `log`);
+    the record. A folder that cannot be written keeps no record (the sweep goes on)."""
+    from repro.durable import write_text
+
+    record = {"status": "diverged" if diverged(exc) else "failed", "reason": cause(exc),
+              "log": log, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    try:
+        write_text(os.path.join(run_dir, FAILED), json.dumps(record, indent=1) + "\n")
+    except OSError:
+        pass
+    return record
+
+
+def read_failure(run_dir: str) -> dict[str, Any] | None:
+    """RUN_DIR/FAILED, or None (no failure recorded, or a record that cannot be read)."""
+    try:
+        with open(os.path.join(run_dir, FAILED), encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def clear_failure(run_dir: str) -> None:
+    path = os.path.join(run_dir, FAILED)
+    if os.path.exists(path):
+        os.remove(path)
+
+
+def failure_text(record: dict[str, Any]) -> str:
+    return f"{record.get('status', 'failed')}: {short(record.get('reason'))}"
+
+
+def short(reason: str | None, limit: int = 160) -> str:
+    """A failure's reason as a sweep's lines show it: its first sentence, at most `limit`
+    characters (the whole is in RUN_DIR/FAILED and the traceback in the log)."""
+    text = str(reason or "?")
+    cut = text.find(". ")
+    if cut > 0:
+        text = text[:cut + 1]
+    return text if len(text) <= limit else text[:limit - 1] + "…"

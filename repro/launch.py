@@ -1,6 +1,6 @@
 """One Hydra process composes configs, writes them into fixed run directories, and
-launches the workers (spawned processes, torchrun, or the simulated trainer), which
-read that file. No @hydra.main anywhere near the workers (lightning-hydra-template #393,
+launches the workers (repro.runner: spawned processes, torchrun, or the simulated
+trainer), which read that file. No @hydra.main anywhere near the workers (lightning-hydra-template #393,
 hydra #2070: ranks racing on output folders and re-running sweeps).
 
 Sweeps: `repro train -m compressor=topk,dgc compressor.ratio=0.01,0.001` expands every
@@ -13,8 +13,8 @@ when DONE and resumed from its last checkpoint otherwise (re-running a sweep fin
 what is missing); one whose config differs only by more `steps` is extended from its last
 checkpoint; one whose directory holds another config (a fixed name= or run_dir=, fewer
 steps) is refused before anything starts, naming every differing key, unless the caller
-asked to restart it. A run that fails is recorded as failed or diverged (repro.sweep) and,
-with keep_going, the rest of the sweep runs.
+asked to restart it. A run that fails is recorded as failed or diverged (repro.failures)
+and, with keep_going, the rest of the sweep runs.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import hashlib
 import itertools
 import json
 import os
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,56 +32,23 @@ from typing import Any
 from omegaconf import DictConfig
 
 from repro import config as config_mod
-
-
-def conf_dir() -> str:
-    """The Hydra config tree: $GRADCOMP_CONF, else conf/ beside the packages (a clone)."""
-    env = os.environ.get("GRADCOMP_CONF")
-    path = Path(env) if env else Path(__file__).resolve().parent.parent / "conf"
-    if not (path / "config.yaml").exists():
-        raise FileNotFoundError(
-            f"no Hydra config tree at {path} (config.yaml missing); run from a clone of "
-            "gradcomp-repro (pip install -e .) or set GRADCOMP_CONF to its conf/ folder"
-        )
-    return str(path)
-
-
-def _register_schema() -> None:
-    """The schema in Hydra's ConfigStore (a process-wide store): built once, 13 ms."""
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    if "base_config.yaml" not in store.repo:
-        store.store(name="base_config", node=config_mod.TrainConfig)
-
-
-def _hydra_compose(overrides: list[str]) -> DictConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    _register_schema()
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+from repro import runner
+from repro.config import conf_dir  # the Hydra tree; public here too: repro.launch.conf_dir
 
 
 def hydra_config(overrides: list[str]) -> DictConfig:
     """Hydra's own config for these overrides (`repro train --cfg hydra`, `--info`)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
     from repro import cluster
 
     run, launcher = cluster.split_overrides(prepare_overrides(list(overrides)))
     if launcher:
         cluster.launcher_config(launcher)  # registers the submitit configs, checks them
-    _register_schema()
-    with initialize_config_dir(config_dir=conf_dir(), version_base=None):
-        try:
-            return hydra_compose(config_name="config", overrides=[*run, *launcher],
-                                 return_hydra_config=True)
-        except Exception as exc:  # noqa: BLE001 - compose() names the problem
-            compose(run)
-            raise ValueError(f"bad config: {_first_line(exc)}") from None
+    conf_dir()  # a missing tree is named as such, not as a bad config
+    try:
+        return config_mod.hydra_compose([*run, *launcher], hydra=True)
+    except Exception as exc:  # noqa: BLE001 - compose() names the problem
+        compose(run)
+        raise ValueError(f"bad config: {_first_line(exc)}") from None
 
 
 def compose(overrides: list[str]) -> DictConfig:
@@ -93,7 +58,7 @@ def compose(overrides: list[str]) -> DictConfig:
     from omegaconf.errors import OmegaConfBaseException
 
     try:
-        cfg = _hydra_compose(overrides)
+        cfg = config_mod.hydra_compose(overrides)
     except ConfigCompositionException as exc:
         if type(exc).__name__ == "MissingConfigException":
             raise ValueError(_missing_option(str(exc))) from None
@@ -161,7 +126,7 @@ def _unknown_key(full_key: str, overrides: list[str]) -> str:
         # The compressor this run selected: compose again without the bad key.
         rest = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] != full_key]
         try:
-            name = str(_hydra_compose(rest).compressor.name)
+            name = str(config_mod.hydra_compose(rest).compressor.name)
         except Exception:  # noqa: BLE001 - only for the message
             name = None
         if name in compressors.list_compressors():
@@ -281,17 +246,6 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     return out
 
 
-# Config keys that cannot change a run's results, left out when a run's config is compared
-# with the config.yaml already in its directory: where the run lives (run_dir, runs_root;
-# moving or copying a runs folder must not invalidate its runs), how progress is shown
-# or mirrored (the progress bar, W&B logging and its project, entity, tags, notes, group)
-# and how often checkpoints are written and kept (a resumed run equals an uninterrupted
-# one), none of which touches the training itself or the local metrics.jsonl / summary.json.
-RESULT_NEUTRAL_KEYS = ("run_dir", "runs_root", "logger.progress", "logger.wandb", "logger.project",
-                       "logger.entity", "logger.tags", "logger.notes", "logger.group",
-                       "checkpoint_every", "checkpoint_every_s", "keep_checkpoints",
-                       "checkpoint_at_end")
-
 # What the readable part of a run's folder name says (repro.config.run_name), and what
 # does not key the folder at all: its own name and group, and its length in steps (a run
 # given more steps is the same run, extended).
@@ -324,14 +278,14 @@ class Planned:
     run_dir: str
     done: bool
     # How this run's config differs from the config.yaml already in run_dir (empty when
-    # there is none, or it is the same up to RESULT_NEUTRAL_KEYS).
+    # there is none, or it is the same up to config.RESULT_NEUTRAL_KEYS).
     changes: list[Change] = field(default_factory=list)
     # Why a run marked DONE cannot be trusted (its summary.json is missing or unreadable).
     broken: str | None = None
     # The steps of the run in run_dir when this one only adds steps to it (it is extended
     # from its last checkpoint), else None.
     extend_from: int | None = None
-    # RUN_DIR/FAILED of an earlier attempt (repro.sweep), if any.
+    # RUN_DIR/FAILED of an earlier attempt (repro.failures), if any.
     failure: dict[str, Any] | None = None
     # What made this launch of the run (repro.provenance), written with its config.
     provenance: dict[str, Any] | None = None
@@ -351,20 +305,6 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-def _neutral(key: str) -> bool:
-    return any(key == k or key.startswith(k + ".") for k in RESULT_NEUTRAL_KEYS)
-
-
-def flatten_config(node: Any, prefix: str = "") -> dict[str, Any]:
-    """Dotted key -> leaf value; lists are leaves, an empty mapping contributes nothing."""
-    if not isinstance(node, dict):
-        return {prefix: node}
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        flat.update(flatten_config(value, f"{prefix}.{key}" if prefix else str(key)))
-    return flat
-
-
 def _as_saved(cfg: DictConfig) -> dict[str, Any]:
     """The config as config_mod.save writes it and a later plan() reads it back, so that
     an unchanged config compares equal value for value (floats, nulls, bools)."""
@@ -377,7 +317,7 @@ def _as_saved(cfg: DictConfig) -> dict[str, Any]:
 def config_changes(cfg: DictConfig, saved_path: str | None,
                    saved: dict[str, Any] | None = None) -> list[Change]:
     """Every key (dotted) whose value in `cfg` differs from the config at saved_path (or
-    `saved`), RESULT_NEUTRAL_KEYS excepted; a key present on one side only (a config.yaml
+    `saved`), config.RESULT_NEUTRAL_KEYS excepted; a key present on one side only (a config.yaml
     written by an older or newer schema) is a change, to or from ABSENT. No file: no
     changes."""
     from omegaconf import OmegaConf
@@ -390,11 +330,12 @@ def config_changes(cfg: DictConfig, saved_path: str | None,
         except Exception as exc:  # noqa: BLE001 - a torn or hand-edited file is a change
             return [Change("config.yaml", f"unreadable ({_first_line(exc)})",
                            "this run's config")]
-    old = flatten_config(saved if isinstance(saved, dict) else {})
-    new = flatten_config(_as_saved(cfg))
+    old = config_mod.flatten_config(saved if isinstance(saved, dict) else {})
+    new = config_mod.flatten_config(_as_saved(cfg))
     keys = list(new) + [k for k in old if k not in new]
     return [Change(k, old.get(k, ABSENT), new.get(k, ABSENT))
-            for k in keys if not _neutral(k) and old.get(k, ABSENT) != new.get(k, ABSENT)]
+            for k in keys if not config_mod.within(k, config_mod.RESULT_NEUTRAL_KEYS)
+            and old.get(k, ABSENT) != new.get(k, ABSENT)]
 
 
 def _changed_message(changed: list[Planned]) -> str:
@@ -416,10 +357,10 @@ def _defaults_of(compressor: str, task: str) -> str:
     """The flattened config of the defaults with this compressor and task (JSON), what a
     run's settings key is measured against."""
     try:
-        cfg = _hydra_compose([f"compressor={compressor}", f"task={task}"])
+        cfg = config_mod.hydra_compose([f"compressor={compressor}", f"task={task}"])
     except Exception:  # noqa: BLE001 - a name without its own file: the plain defaults
-        cfg = _hydra_compose([])
-    return json.dumps(flatten_config(_as_saved(cfg)), default=str)
+        cfg = config_mod.hydra_compose([])
+    return json.dumps(config_mod.flatten_config(_as_saved(cfg)), default=str)
 
 
 def settings_key(cfg: DictConfig) -> str | None:
@@ -427,12 +368,11 @@ def settings_key(cfg: DictConfig) -> str | None:
     its compressor and task and that its readable name does not show (NAME_KEYS), or None
     when there are none; result-neutral keys, steps, name and group do not count."""
     base = json.loads(_defaults_of(str(cfg.compressor.name), str(cfg.task.name)))
-    new = flatten_config(_as_saved(cfg))
+    new = config_mod.flatten_config(_as_saved(cfg))
     shown = NAME_KEYS + (EMULATED_NAME_KEYS if cfg.cluster.network == "emulated" else ())
-    skip = RESULT_NEUTRAL_KEYS + shown + UNKEYED
+    skip = config_mod.RESULT_NEUTRAL_KEYS + shown + UNKEYED
     diff = sorted((k, new.get(k, ABSENT)) for k in set(new) | set(base)
-                  if not any(k == s or k.startswith(s + ".") for s in skip)
-                  and new.get(k, ABSENT) != base.get(k, ABSENT))
+                  if not config_mod.within(k, skip) and new.get(k, ABSENT) != base.get(k, ABSENT))
     if not diff:
         return None
     return hashlib.sha256(json.dumps(diff, default=str).encode()).hexdigest()[:6]
@@ -532,14 +472,14 @@ def plan(overrides: list[str], multirun: bool, on_change: str = "refuse",
 def _refresh(p: Planned) -> Planned:
     """p's done, changes, extension, failure and broken from what its run directory holds
     now."""
-    from repro import sweep
+    from repro import failures
 
     p.changes = config_changes(p.cfg, os.path.join(p.run_dir, "config.yaml"))
     p.extend_from = _grown_steps(p.changes)
     if p.extend_from is not None:
         p.changes = []
     p.broken = None
-    p.failure = sweep.read_failure(p.run_dir)
+    p.failure = failures.read_failure(p.run_dir)
     p.done = (os.path.exists(os.path.join(p.run_dir, "DONE")) and not p.changes
               and p.extend_from is None)
     if p.done:
@@ -610,7 +550,7 @@ def launch(p: Planned) -> None:
     """Run one planned run to completion (resuming from its last checkpoint, if any). A
     run directory holding a different config is refused, never overwritten."""
     prepare(p)
-    run_prepared(p.run_dir, p.cfg)
+    runner.run_prepared(p.run_dir, p.cfg)
 
 
 def _add_provenance(p: Planned) -> None:
@@ -644,131 +584,6 @@ def prepare(p: Planned) -> None:
             with contextlib.suppress(FileNotFoundError):
                 os.remove(os.path.join(p.run_dir, name))
     config_mod.save(p.cfg, cfg_path)
-
-
-def run_prepared(run_dir: str, cfg) -> None:
-    """Run a prepared run directory in its cluster.mode, on this machine; with
-    cluster.network=emulated, inside an emulated network built for the run and removed
-    when it ends, fails or is interrupted (repro.netem)."""
-    mode = cfg.cluster.mode
-    if mode == "simulated":
-        from repro.train import run_simulated
-
-        run_simulated(run_dir)
-    elif mode == "replicas":
-        from repro.train import run_replicas
-
-        run_replicas(run_dir)
-    elif cfg.cluster.network == "emulated":
-        from repro import netem
-
-        with netem.emulated(cfg.cluster.workers, cfg.cluster.bandwidth_gbps,
-                            cfg.cluster.latency_ms) as net:
-            if mode == "spawn":
-                spawn(run_dir, cfg.cluster.workers, network=net)
-            else:
-                torchrun(run_dir, cfg, network=net)
-    elif mode == "spawn":
-        spawn(run_dir, cfg.cluster.workers)
-    else:
-        torchrun(run_dir, cfg)
-
-
-RENDEZVOUS_PORT = 29500  # rank 0's, on an emulated network (its own namespace: no clash)
-
-
-def _spawn_entry(rank: int, run_dir: str, world: int, init_file: str,
-                 namespaces: list[str] | None = None, master: str | None = None) -> None:
-    from repro.train import run_rank
-
-    init_method = f"file://{init_file}"
-    if namespaces is not None:
-        from repro import netem
-
-        netem.enter(namespaces[rank])  # before anything opens a socket
-        os.environ["GLOO_SOCKET_IFNAME"] = netem.IFACE
-        init_method = f"tcp://{master}:{RENDEZVOUS_PORT}"
-    run_rank(run_dir, rank, world, init_method)
-    from repro.worker import finished_rank_exit
-
-    finished_rank_exit()
-
-
-
-def spawn(run_dir: str, workers: int, network=None) -> None:
-    """`workers` spawned ranks; on `network` (repro.netem.EmulatedNetwork), each in its
-    own namespace, meeting at rank 0's address over the emulated links."""
-    import torch.multiprocessing as mp
-
-    init_file = os.path.join(os.path.abspath(run_dir), ".rendezvous")
-    if os.path.exists(init_file):
-        os.remove(init_file)
-    extra: tuple = ()
-    if network is not None:
-        extra = ([network.namespace(r) for r in range(workers)], network.address(0))
-    env_threads = os.environ.get("OMP_NUM_THREADS")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        ctx = mp.start_processes(_spawn_entry, args=(run_dir, workers, init_file, *extra),
-                                 nprocs=workers, join=False, start_method="spawn")
-        try:
-            while not ctx.join(timeout=1):
-                pass
-        except BaseException:
-            for p in ctx.processes:  # interrupted or failed: no rank outlives the launch
-                if p.is_alive():
-                    p.terminate()
-            for p in ctx.processes:
-                p.join(timeout=30)
-                if p.is_alive():
-                    p.kill()
-            raise
-    finally:
-        if env_threads is None:
-            os.environ.pop("OMP_NUM_THREADS", None)
-        if os.path.exists(init_file):
-            os.remove(init_file)
-
-
-def torchrun(run_dir: str, cfg: DictConfig, network=None) -> None:
-    """An elastic launch: --max-restarts relaunches all ranks after a failure, and they
-    resume from the last checkpoint. On `network` (repro.netem.EmulatedNetwork): one
-    torchrun agent per rank, each inside its rank's namespace, meeting at rank 0's
-    address over the emulated links (a static rendezvous)."""
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, cfg.cluster.threads_per_worker)))
-    tail = ["--max-restarts", str(cfg.cluster.max_restarts), "-m", "repro.worker", run_dir]
-    if network is None:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
-               "--nproc-per-node", str(cfg.cluster.workers), *tail]
-        result = subprocess.run(cmd, env=env)
-        if result.returncode != 0:
-            raise RuntimeError(f"torchrun exited with {result.returncode} for {run_dir}")
-        return
-    from repro import netem
-
-    env["GLOO_SOCKET_IFNAME"] = netem.IFACE
-    workers = cfg.cluster.workers
-    agents = [subprocess.Popen(
-        [*network.exec_prefix(r), sys.executable, "-m", "torch.distributed.run",
-         "--nnodes", str(workers), "--node-rank", str(r), "--nproc-per-node", "1",
-         "--master-addr", network.address(0), "--master-port", str(RENDEZVOUS_PORT), *tail],
-        env=env) for r in range(workers)]
-    try:
-        codes = [a.wait() for a in agents]
-    finally:
-        for a in agents:  # interrupted: no agent outlives the network it runs in
-            if a.poll() is None:
-                a.terminate()
-        for a in agents:
-            try:
-                a.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                a.kill()
-                a.wait()
-    failed = [f"rank {r}: {c}" for r, c in enumerate(codes) if c != 0]
-    if failed:
-        raise RuntimeError(f"torchrun exited non-zero for {run_dir} ({', '.join(failed)})")
 
 
 class RunsFailed(RuntimeError):
@@ -823,7 +638,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
     caller that owns its runs folder, e.g. the paper figures) discards and re-runs it. A
     dry run deletes nothing.
 
-    A run that fails is recorded in RUN_DIR/FAILED (failed, or diverged: repro.sweep).
+    A run that fails is recorded in RUN_DIR/FAILED (failed, or diverged: repro.failures).
     keep_going=True (a sweep from the command line) goes on with the next run, lists the
     failures at the end and raises RunsFailed; otherwise the failure is raised at once.
     retry_failed=False skips a run whose earlier attempt failed, saying why. progress=True
@@ -888,7 +703,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                 line = f"[{status(p, dry_run, restart)}] {p.run_dir}"
                 if skip:
                     line = (f"[{p.failure.get('status', 'failed')} before, would skip] "
-                            f"{p.run_dir}: {sweep.short(p.failure.get('reason'))}")
+                            f"{p.run_dir}: {failures.short(p.failure.get('reason'))}")
                 out(line)
                 if delete and os.path.exists(p.run_dir):
                     out(f"  would delete {p.run_dir} ({runfolder.contents(p.run_dir)})")
@@ -906,7 +721,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                 continue
             if p.failure is not None and not retry_failed and not restart:
                 out(f"[{p.failure.get('status', 'failed')} before, skipped] {p.run_dir}: "
-                    f"{sweep.short(p.failure.get('reason'))}")
+                    f"{failures.short(p.failure.get('reason'))}")
                 report.outcomes.append(sweep.Outcome(
                     p.run_dir, f"skipped ({p.failure.get('status', 'failed')})",
                     reason=p.failure.get("reason"), log=p.failure.get("log")))
@@ -927,7 +742,7 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                 if delete:
                     discard(p, out)
                 out(line)
-                sweep.clear_failure(p.run_dir)
+                failures.clear_failure(p.run_dir)
                 record = provenance.entry(given, p.overrides, p.cfg, submitted=settings is not None)
                 if settings is None:
                     try:
@@ -942,12 +757,12 @@ def train(overrides: list[str], multirun: bool = False, dry_run: bool = False,
                                 exc.run_dir = p.run_dir  # the failure's log goes there
                         if not keep_going:
                             with contextlib.suppress(Exception):
-                                sweep.record_failure(p.run_dir, exc, os.path.join(
+                                failures.record_failure(p.run_dir, exc, os.path.join(
                                     p.run_dir, failures.LOG))
                             raise
                         log = failures.record_exception(p.run_dir, "launcher", exc)
-                        result = sweep.record_failure(p.run_dir, exc, log)
-                        out(f"  {result['status']}: {sweep.short(result['reason'])} (traceback "
+                        result = failures.record_failure(p.run_dir, exc, log)
+                        out(f"  {result['status']}: {failures.short(result['reason'])} (traceback "
                             f"in {log}); going on with the sweep")
                         failed.append((p.run_dir, result))
                         report.outcomes.append(sweep.Outcome(p.run_dir, result["status"],

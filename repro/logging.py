@@ -9,7 +9,7 @@ A run directory (written by the trainer, read by `repro compare` and the sweeps)
     RUN_DIR/provenance.json what made each launch of the run (repro.provenance)
     RUN_DIR/checkpoints/    the trainer's checkpoints (the last step's always kept)
     RUN_DIR/DONE            marker: the run finished (sweeps skip such runs)
-    RUN_DIR/FAILED          its last attempt failed or diverged (repro.sweep)
+    RUN_DIR/FAILED          its last attempt failed or diverged (repro.failures)
 
 Crash safety: every metrics line is flushed and fsynced, so a killed rank loses at most
 the line it was writing. A relaunch from the checkpoint at step N rewrites the file
@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import secrets
 import sys
 import time
@@ -242,7 +241,7 @@ class MetricsWriter:
     rest, and wall_time continues from the last kept line (or from `wall_offset`, e.g. the
     checkpoint's own clock, if given), so time keeps increasing across relaunches.
 
-    A write that fails (disk full) raises repro.checkpoints.OutputError naming the file;
+    A write that fails (disk full) raises repro.durable.OutputError naming the file;
     the part of the line that reached the file is cut off again, so the file still ends
     with the last complete line.
     """
@@ -309,7 +308,7 @@ class MetricsWriter:
                 line = line[self.file.write(line):]
             os.fsync(fd)
         except OSError as exc:
-            from repro.checkpoints import write_error
+            from repro.durable import write_error
 
             try:
                 os.ftruncate(fd, end)  # cut the part that reached the file
@@ -330,8 +329,8 @@ class MetricsWriter:
 
     def write_summary(self, summary: Mapping[str, Any]) -> None:
         """RUN_DIR/summary.json, atomically; a failure of the file system raises
-        repro.checkpoints.OutputError naming the file."""
-        from repro.checkpoints import remove_stale_temps, write_error
+        repro.durable.OutputError naming the file."""
+        from repro.durable import remove_stale_temps, write_error
 
         path = os.path.join(self.run_dir, SUMMARY_FILE)
         remove_stale_temps(path)
@@ -676,32 +675,3 @@ class NullBar:
 
     def close(self) -> None:
         pass
-
-
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
-
-
-def run_name(compressor: str, task: str, ratio: float | None, workers: int,
-             extra: str | Mapping[str, Any] | Iterable[Any] | None = None) -> str:
-    """Deterministic, filesystem-safe run name: "topk-r0.01-w2-cifar10_resnet20[-extra]".
-    `extra` is a string, a mapping (appended as sorted key=value) or a sequence."""
-    if not compressor or not task:
-        raise ValueError("run_name needs a compressor name and a task name")
-    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
-        raise ValueError(f"workers={workers!r} must be an integer >= 1")
-    parts = [str(compressor)]
-    if ratio is not None:
-        if isinstance(ratio, bool) or not isinstance(ratio, (int, float)):
-            raise ValueError(f"ratio={ratio!r} must be a number or None")
-        parts.append(f"r{float(ratio):g}")
-    parts += [f"w{workers}", str(task)]
-    if extra is not None:
-        if isinstance(extra, str):
-            parts.append(extra)
-        elif isinstance(extra, Mapping):
-            items = sorted(extra.items())
-            parts += [f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in items]
-        else:
-            parts += [str(e) for e in extra]
-    name = "-".join(_UNSAFE.sub("_", p).strip("_") or "_" for p in parts)
-    return name

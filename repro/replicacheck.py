@@ -16,20 +16,19 @@ from __future__ import annotations
 import argparse
 import sys
 
-SPARSE = ("topk", "randomk", "dgc", "redsync", "gaussianksgd", "sidco_e", "sidco_gp", "sidco_p",
-          "mstopk", "hard_threshold", "dragonn", "deft", "cltk")
 
+def sparse_compressors() -> list[str]:
+    """Every registered compressor that sends a subset of coordinates (Compressor.sparse):
+    the ones whose ranks could part ways through a decision taken per rank."""
+    import compressors
 
-DENSE = ("none", "fp16", "qsgd", "terngrad", "signsgd", "efsignsgd", "powersgd", "thc",
-         "thc_uniform")
+    return [n for n in compressors.list_compressors() if compressors.get_class(n).sparse]
 
 
 def hook_params(name: str, ratio: float) -> dict:
-    """The parameters a compressor is built with here: hard_threshold's λ, the ratio δ of
-    the other sparsifiers, none for the dense compressors."""
-    if name == "hard_threshold":
-        return {"lam": 1.0}
-    return {} if name in DENSE else {"ratio": ratio}
+    """The parameters a sparse compressor is built with here: hard_threshold's λ (its
+    ratio is only the target the metrics compare with), the ratio δ of the others."""
+    return {"lam": 1.0} if name == "hard_threshold" else {"ratio": ratio}
 
 
 def mlp(params: int):
@@ -80,10 +79,11 @@ def check(names: list[str], device: str = "cpu", workers: int = 4, steps: int = 
     """{compressor: 'replicas identical' | 'REPLICAS DIFFER: ...'} from `workers` gloo ranks."""
     from repro.testing import run_ranks
 
-    unknown = sorted(set(names) - set(SPARSE))
+    sparse = sparse_compressors()
+    unknown = sorted(set(names) - set(sparse))
     if unknown:
         raise ValueError(f"not a sparse compressor of this check: {', '.join(unknown)}; "
-                         f"choose from {', '.join(SPARSE)}")
+                         f"choose from {', '.join(sparse)}")
     if workers < 2:
         raise ValueError(f"workers={workers}: replicas need at least 2 ranks")
     if device.startswith("cuda"):
@@ -103,12 +103,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", type=int, default=1_000_000,
                    help="MLP parameters, about (default: %(default)s)")
     p.add_argument("--ratio", type=float, default=0.01, help="δ (default: %(default)s)")
-    p.add_argument("--compressor", default=",".join(SPARSE),
-                   help="comma-separated sparse compressors (default: all of them)")
+    p.add_argument("--compressor", default=None,
+                   help="comma-separated sparse compressors (default: every registered one)")
 
 
 def run(args) -> int:
-    names = [n for n in args.compressor.split(",") if n]
+    names = ([n for n in args.compressor.split(",") if n] if args.compressor
+             else sparse_compressors())
     results = check(names, args.device, args.workers, args.steps, args.params, args.ratio)
     for name in names:
         print(f"{name:>15}: {results[name]}", flush=True)

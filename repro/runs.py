@@ -108,7 +108,7 @@ class Run:
     summary: dict[str, Any] | None  # None while the run has not finished
     done: bool  # the DONE marker is present
     torn: bool = False  # metrics.jsonl ended in an incomplete line, which was skipped
-    failure: dict[str, Any] | None = None  # RUN_DIR/FAILED (repro.sweep), if the run failed
+    failure: dict[str, Any] | None = None  # RUN_DIR/FAILED (repro.failures), if the run failed
 
     @property
     def status(self) -> str:
@@ -369,7 +369,7 @@ def load_run(path: str) -> Run:
         raise ValueError(f"{config_path} does not hold a config mapping")  # noqa: TRY004
     metrics, torn = parse_metrics(os.path.join(path, METRICS_FILE))
     name = config.get("name") or os.path.basename(os.path.normpath(path))
-    from repro.sweep import read_failure
+    from repro.failures import read_failure
 
     return Run(path=path, name=str(name), config=config, metrics=metrics,
                summary=read_summary(path), done=os.path.exists(os.path.join(path, DONE_FILE)),
@@ -383,8 +383,8 @@ def passed_over(path: str) -> str | None:
     """Why `path`, which a glob like runs/<group>/* picks up, is no run to compare: a
     comparison's own folder (runs/<group>/compare), or a run folder that `repro train`
     made and that logged no step (it failed before its first: its FAILED says why)."""
+    from repro.failures import failure_text, read_failure
     from repro.runfolder import MARKER
-    from repro.sweep import failure_text, read_failure
 
     if os.path.isdir(path) and not os.path.isfile(os.path.join(path, CONFIG_FILE)):
         entries = _listdir(path)

@@ -1,87 +1,22 @@
-"""What a sweep (`repro train -m`) says while it runs and when it ends, and how a run that
-failed is remembered.
+"""What a sweep (`repro train -m`) says while it runs and when it ends.
 
-    RUN_DIR/FAILED   {"status": "failed" | "diverged", "reason": ..., "log": ...}: the run
-                     stopped with an error (diverged: a NaN or an Inf in the gradients).
-                     A re-run of the sweep skips it, naming the reason, unless
-                     --retry-failed; it goes when the run finishes.
-
-A failing run does not stop the sweep: its failure is recorded, the next run starts, and
-the end lists every failure. Progress is one line before each run ("run 3/8: ...") with
-an estimate of the time left, from the seconds per step of the runs this command trained;
-the end is a table with each run's status, final loss and metric, and its throughput
-(summary.json's samples_per_s: repro.throughput, the one rate).
+A failing run does not stop the sweep: its failure is recorded (RUN_DIR/FAILED:
+repro.failures), the next run starts, and the end lists every failure. Progress is one
+line before each run ("run 3/8: ...") with an estimate of the time left, from the seconds
+per step of the runs this command trained; the end is a table with each run's status,
+final loss and metric, and its throughput (summary.json's samples_per_s:
+repro.throughput, the one rate).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-FAILED = "FAILED"
-
-
-# -- failed runs -----------------------------------------------------------------------------
-def diverged(exc: BaseException) -> bool:
-    """Whether a run's error is a divergence: a NaN or an Inf in the gradients, raised
-    here (repro.hooks.NonFiniteGradient) or by a spawned rank (its traceback's text)."""
-    seen: set[int] = set()
-    node: BaseException | None = exc
-    while node is not None and id(node) not in seen:
-        seen.add(id(node))
-        if type(node).__name__ == "NonFiniteGradient" or "NonFiniteGradient" in str(node):
-            return True
-        node = node.__cause__ or node.__context__
-    return False
-
-
-def record_failure(run_dir: str, exc: BaseException, log: str) -> dict[str, Any]:
-    """Write RUN_DIR/FAILED for a run that ended with `exc` (its traceback is in `log`);
-    the record. A folder that cannot be written keeps no record (the sweep goes on)."""
-    from repro.durable import write_text
-    from repro.failures import cause
-
-    record = {"status": "diverged" if diverged(exc) else "failed", "reason": cause(exc),
-              "log": log, "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    try:
-        write_text(os.path.join(run_dir, FAILED), json.dumps(record, indent=1) + "\n")
-    except OSError:
-        pass
-    return record
-
-
-def read_failure(run_dir: str) -> dict[str, Any] | None:
-    """RUN_DIR/FAILED, or None (no failure recorded, or a record that cannot be read)."""
-    try:
-        with open(os.path.join(run_dir, FAILED), encoding="utf-8") as f:
-            record = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
-def clear_failure(run_dir: str) -> None:
-    path = os.path.join(run_dir, FAILED)
-    if os.path.exists(path):
-        os.remove(path)
-
-
-def failure_text(record: dict[str, Any]) -> str:
-    return f"{record.get('status', 'failed')}: {short(record.get('reason'))}"
-
-
-def short(reason: str | None, limit: int = 160) -> str:
-    """A failure's reason as a sweep's lines show it: its first sentence, at most `limit`
-    characters (the whole is in RUN_DIR/FAILED and the traceback in the log)."""
-    text = str(reason or "?")
-    cut = text.find(". ")
-    if cut > 0:
-        text = text[:cut + 1]
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+from repro.failures import short
 
 
 # -- progress ------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
-"""The Task interface the trainer consumes, the name → task registry, and the pieces every
-task family shares (argument checks, deterministic per-rank sharding, LR schedules).
+"""The Task interface the trainer consumes, its registration decorator (the name → task
+table is tasks.registry), and the pieces every task family shares (argument checks,
+deterministic per-rank sharding, LR schedules).
 
 A task is model + data + metric for one paper workload. It knows nothing of compression:
 the trainer builds the model, wraps it in DDP (or simulates workers), and asks the task
@@ -28,7 +29,6 @@ Conventions every task follows:
 from __future__ import annotations
 
 import abc
-import fnmatch
 import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, ClassVar, TypeVar
@@ -36,69 +36,27 @@ from typing import Any, ClassVar, TypeVar
 import torch
 from torch import nn
 
-from tasks import hyperparams
+from tasks import hyperparams, registry
 from tasks.hyperparams import COMMON, HParam, HParamError
 
 SIZES = ("smoke", "paper")
 DATA_KINDS = ("standin", "canonical", "hf")
 METRICS = ("accuracy", "top5", "train_accuracy", "perplexity", "hr@10", "p@1", "f1")
 
-_REGISTRY: dict[str, type[Task]] = {}
-
 T = TypeVar("T", bound=type["Task"])
 
 
 def register_task(name: str) -> Callable[[T], T]:
-    """Register a Task subclass under `name`; a different class with the same name is
-    refused (two workloads silently sharing a name would make results lie)."""
+    """Register a Task subclass under `name` in tasks.registry; a different class with the
+    same name is refused (two workloads silently sharing a name would make results lie)."""
 
     def deco(cls: T) -> T:
         if not (isinstance(cls, type) and issubclass(cls, Task)):
             raise TypeError(f"@register_task({name!r}) decorates Task subclasses, got {cls!r}")
-        old = _REGISTRY.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (
-            cls.__module__,
-            cls.__qualname__,
-        ):
-            raise ValueError(
-                f"task name {name!r} is already registered by {old.__module__}.{old.__qualname__}; "
-                "pick another name"
-            )
-        cls.name = name
-        _REGISTRY[name] = cls
+        registry.add(name, cls)
         return cls
 
     return deco
-
-
-def registered(pattern: str = "*") -> list[str]:
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
-
-
-def task_class(name: str) -> type[Task]:
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown task {name!r}; known tasks: {', '.join(registered())}") from None
-
-
-def hf_tasks() -> list[str]:
-    """The registered tasks that accept data="hf", sorted (every task family loaded)."""
-    import tasks
-
-    return sorted(n for n in tasks.list_tasks() if _REGISTRY[n].hf_splits)
-
-
-def hf_refusal(name: str) -> str:
-    """Why task `name` refuses data="hf", and what to use instead."""
-    import tasks
-
-    why = tasks.get_task_class(name).hf_unavailable
-    return (
-        f"task {name!r} has no Hugging Face data set source{f' ({why})' if why else ''}, so "
-        f"data='hf' is not available for it; use data='standin' or data='canonical' (with "
-        f"data_root). data='hf' works for: {', '.join(hf_tasks())}"
-    )
 
 
 def missing_extras(cls: type, data: str) -> list[tuple[str, str, str]]:
@@ -150,6 +108,7 @@ class Task(abc.ABC):
 
     def __init__(
         self,
+        *,
         size: str = "smoke",
         data: str = "standin",
         data_root: str | None = None,
@@ -158,10 +117,14 @@ class Task(abc.ABC):
         hparams: Mapping[str, Any] | None = None,
         hf: Mapping[str, Any] | None = None,
     ):
+        """Keywords only (a family adds its own and passes these on): size, data kind and
+        data_root, the per-worker batch size (None: the task file's), the seed, hparams
+        over the task file's values for this size, and the Hugging Face source (hf:
+        overrides of the task file's hf: block) for data="hf"."""
         check_choice("size", size, SIZES)
         check_choice("data", data, DATA_KINDS)
         if data == "hf" and not self.hf_splits:
-            raise ValueError(hf_refusal(self.name))
+            raise ValueError(registry.hf_refusal(self.name))
         if batch_size is not None and (
             isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1
         ):

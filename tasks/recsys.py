@@ -9,7 +9,7 @@ items, binary cross-entropy.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -132,26 +132,16 @@ class MovieLensNCF(Task):
         "redistribution without permission; the Hub's copies are unofficial re-uploads"
     )
 
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        eval_negatives: int = 99,
-        train_negatives: int = 4,
-        hparams=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams)
+    def __init__(self, *, eval_negatives: int = 99, train_negatives: int = 4, **common: Any):
+        super().__init__(**common)
         if eval_negatives < 1 or train_negatives < 1:
             raise ValueError(
                 f"eval_negatives={eval_negatives} and train_negatives={train_negatives} "
                 "must be >= 1"
             )
         self.eval_negatives, self.train_negatives = eval_negatives, train_negatives
-        if data == "canonical":
-            self._path = D.find_ratings_file(data_root)
+        if self.data == "canonical":
+            self._path = D.find_ratings_file(self.data_root)
             self.data_source = f"MovieLens ({self._path.name})"
         else:
             self._path = None

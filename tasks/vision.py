@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -335,21 +336,12 @@ class ImageTask(Task):
     paper_classes: int = 10
     normalize: str = "dataset"  # dataset statistics, or "half" (mean 0.5, std 0.5: ViT/Mixer)
 
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        loader_workers: int = 4,
-        hparams=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams)
+    def __init__(self, *, loader_workers: int = 4, **common: Any):
+        super().__init__(**common)
         self.loader_workers = loader_workers
-        self.image_size = self.paper_image_size if size == "paper" else self.smoke_image_size
+        self.image_size = self.paper_image_size if self.size == "paper" else self.smoke_image_size
         self._folder = None
-        if data == "standin":
+        if self.data == "standin":
             D.fashion_mnist_dir()  # fail now, naming the install script
             self.data_source = "Fashion-MNIST (stand-in for {}), padded to 32×32×3{}".format(
                 {"cifar10": "CIFAR-10", "cifar100": "CIFAR-100", "imagenet": "ImageNet"}[
@@ -360,7 +352,7 @@ class ImageTask(Task):
                 else "",
             )
         elif self.canonical == "imagenet":
-            root = Path(data_root)
+            root = Path(self.data_root)
             for split in ("train", "val"):
                 if not (root / split).is_dir():
                     raise D.missing_canonical(
@@ -373,7 +365,7 @@ class ImageTask(Task):
             self.data_source = f"ImageNet (ImageFolder at {root})"
         else:
             n = 10 if self.canonical == "cifar10" else 100
-            D.load_cifar(data_root, n)
+            D.load_cifar(self.data_root, n)
             self.data_source = f"CIFAR-{n}" + (
                 f", resized to {self.image_size}×{self.image_size}" if self.image_size != 32 else ""
             )
@@ -680,18 +672,8 @@ class _FineTune224(ImageTask):
     normalize = "half"
     metric = "accuracy"
 
-    def __init__(
-        self,
-        size="smoke",
-        data="standin",
-        data_root=None,
-        batch_size=None,
-        seed=0,
-        weights: str | None = None,
-        loader_workers: int = 4,
-        hparams=None,
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, loader_workers, hparams)
+    def __init__(self, *, weights: str | None = None, **common: Any):
+        super().__init__(**common)
         if weights is not None and not Path(weights).exists():
             raise FileNotFoundError(f"weights={weights!r} not found")
         self.weights = weights

@@ -18,7 +18,7 @@ are held out for evaluation.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -103,14 +103,12 @@ class Wiki10XML(Task):
     extra_hparams: ClassVar[dict[str, HParam]] = {"embed_dim": count(required=True)}
     paper_param_count = 126_722_048  # 4096 × 30938: DRAGONN's "126.72M"
 
-    def __init__(
-        self, size="smoke", data="standin", data_root=None, batch_size=None, seed=0, hparams=None
-    ):
-        super().__init__(size, data, data_root, batch_size, seed, hparams)
-        if data == "canonical":
+    def __init__(self, **common: Any):
+        super().__init__(**common)
+        if self.data == "canonical":
             self._paths = (
-                D.find_xml_split(data_root, "train"),
-                D.find_xml_split(data_root, "test"),
+                D.find_xml_split(self.data_root, "train"),
+                D.find_xml_split(self.data_root, "test"),
             )
             self.data_source = f"Wiki10-31K ({self._paths[0].name}, {self._paths[1].name})"
         else:

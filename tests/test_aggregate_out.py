@@ -10,7 +10,7 @@ import torch
 import compressors
 from compressors import Session, drive
 from compressors.kernels import ops
-from repro.hooks import WorkerCompression
+from repro.compression import WorkerCompression
 
 NAMES = compressors.list_compressors()
 WORKERS = 2

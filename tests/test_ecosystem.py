@@ -112,3 +112,33 @@ def test_hook_state_built_before_the_process_group_checks_its_arguments_at_once(
         repro.hooks.make("topk", nonfinite="ignore")
     with pytest.raises(RuntimeError, match="not initialised"):
         state.resolve()
+
+
+def test_hook_options_as_one_object_or_as_keywords():
+    """make takes the CompressionOptions object, its fields as keywords, or both (the
+    keywords win); the compressor's own parameters go to the compressor; a misspelled
+    option is refused, naming the options."""
+    import compressors
+    import repro.hooks
+    from repro.compression import CompressionOptions, WorkerCompression
+
+    options = CompressionOptions(granularity="bucket", nonfinite="off", min_numel=64, seed=3)
+    state, _ = repro.hooks.make("topk", options, ratio=0.1)
+    assert (state.options, state.granularity, state.compressor.ratio) == (options, "bucket", 0.1)
+    state, _ = repro.hooks.make("topk", ratio=0.1, granularity="bucket", nonfinite="off",
+                                min_numel=64, seed=3)
+    assert state.options == options
+    state, _ = repro.hooks.make("topk", options, nonfinite="error")
+    assert (state.options.nonfinite, state.options.min_numel) == ("error", 64)
+    # thc has a parameter of its own named granularity: make's keyword is the hook's
+    state, _ = repro.hooks.make("thc", granularity="model")
+    assert state.granularity == "model"
+    assert state.compressor.params()["granularity"] == compressors.default_params("thc")["granularity"]
+    for build in (lambda: WorkerCompression(compressors.build("topk"), 0, 2, nonfinit="off"),
+                  lambda: repro.hooks.CompressionHookState(compressors.build("topk"),
+                                                           min_numl=64)):
+        with pytest.raises(TypeError, match=r"unknown compression option\(s\) (nonfinit|min_numl): "
+                                            r"the options are feedback, granularity, .*selector"):
+            build()
+    with pytest.raises(ValueError, match="local_clip=-1.0 must be a positive number"):
+        CompressionOptions(local_clip=-1.0)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import io
 import json
 import shutil
 from pathlib import Path
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from repro import figures
-from repro.figures import base
+from repro.figures import base, machine, records, registry, verdicts
 
 figures.load_all()
 IDS = figures.registered()
@@ -59,9 +60,9 @@ def test_smoke_variant_runs_end_to_end(fid, tmp_path, monkeypatch):
     rows = base.run_figure(fid, size="smoke", out_root=tmp_path, say=lambda m: None,
                            results_root=tmp_path / "no-results", calibrate=False)
     out = tmp_path / fid
-    assert rows and all(r.verdict in base.VERDICTS and r.reason for r in rows)
+    assert rows and all(r.verdict in verdicts.VERDICTS and r.reason for r in rows)
     for r in rows:  # every verdict comes from the rule table, and says which rule
-        assert r.rule in base.RULE_NAMES and r.reason.startswith(f"[rule: {r.rule}]")
+        assert r.rule in verdicts.RULE_NAMES and r.reason.startswith(f"[rule: {r.rule}]")
         if r.interval is not None:
             assert r.low <= r.high
     assert list(out.glob("*.png")), "no plot written"
@@ -89,18 +90,8 @@ def test_bad_size_is_refused_before_work(tmp_path):
         base.run_figure("anything", size="huge", out_root=tmp_path)
 
 
-def test_row_ratio_and_verdict_validation():
-    r = base.Row("s", "m", 2.0, 3.0, "holds", "because")
-    assert r.ratio == pytest.approx(1.5)
-    assert base.Row("s", "m", None, 3.0, "not comparable", "x", rule="stand-in").ratio is None
-    with pytest.raises(ValueError, match="verdict"):
-        base.Row("s", "m", 1.0, 1.0, "maybe", "x")
-    assert base.verdict(True) == "holds" and base.verdict(False) == "does not hold"
-    assert base.verdict(None) == "not comparable"
-
-
 def test_results_readme_lists_every_figure_with_status(tmp_path):
-    text = base.results_readme(tmp_path)
+    text = records.results_readme(tmp_path)
     for fid in IDS:
         assert f"[{fid}]" in text
     assert "not run" in text or not IDS
@@ -130,8 +121,8 @@ def _figure_package_imports(path: Path) -> set[str]:
 
 
 def test_no_figure_module_imports_another():
-    """Figure modules share helpers only through base.py and common.py: a figure module
-    that imports another would tie one paper's figures to another's."""
+    """Figure modules share helpers only through the shared modules (figures.SHARED_MODULES):
+    a figure module that imports another would tie one paper's figures to another's."""
     folder = Path(figures.__file__).parent
     modules = {p.stem: p for p in folder.glob("*.py") if p.stem != "__init__"}
     paper_modules = set(modules) - set(figures.SHARED_MODULES)
@@ -156,6 +147,19 @@ def test_the_import_walk_sees_every_spelling(tmp_path):
                                                "common"}
 
 
+# The shared modules in layers, each importing only from those below it: the verdict rules
+# at the bottom, depending on nothing of the package.
+LAYERS = ("verdicts", "registry", "records", "machine", "base", "common")
+
+
+def test_the_shared_modules_are_layered_with_the_verdict_rules_at_the_bottom():
+    assert set(LAYERS) == set(figures.SHARED_MODULES)
+    folder = Path(figures.__file__).parent
+    for i, name in enumerate(LAYERS):
+        imported = _figure_package_imports(folder / f"{name}.py") - {name}
+        assert imported <= set(LAYERS[:i]), (name, sorted(imported - set(LAYERS[:i])))
+
+
 # -- where a run writes, publishing, progress ----------------------------------------------------
 
 DETERMINISTIC = "dragonn-lemmaA10"  # seeded: the same data, plot and rows every run
@@ -168,7 +172,7 @@ def _snapshot(root: Path) -> dict[str, tuple[bytes, int]]:
 
 def _published_copy(tmp_path: Path, *ids: str) -> Path:
     """A copy of the published results (reference values, README, the given figures)."""
-    src = base.default_results_root()
+    src = registry.default_results_root()
     dst = tmp_path / "results"
     shutil.copytree(src / "reference", dst / "reference")
     shutil.copy(src / "README.md", dst / "README.md")
@@ -202,7 +206,7 @@ def test_a_run_writes_no_tracked_file_without_publish(tmp_path, monkeypatch, cap
 def test_publish_writes_only_what_changed_and_shows_published_beside_the_run(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "disabled")
     results = tmp_path / "results"
-    shutil.copytree(base.default_results_root() / "reference", results / "reference")
+    shutil.copytree(registry.default_results_root() / "reference", results / "reference")
     out = tmp_path / "out"
     lines: list[str] = []
     base.run_figure(DETERMINISTIC, size="smoke", out_root=out, say=lines.append,
@@ -231,8 +235,28 @@ def test_publish_writes_only_what_changed_and_shows_published_beside_the_run(tmp
 
     # A changed product is published, with a new status.json.
     (out / DETERMINISTIC / "empty_ratio.csv").write_text("changed\n")
-    written = base.publish(DETERMINISTIC, out / DETERMINISTIC, results)
+    written = records.publish(DETERMINISTIC, out / DETERMINISTIC, results)
     assert {p.name for p in written} == {"empty_ratio.csv", "status.json"}
+
+
+def test_the_comparison_has_a_cause_column(tmp_path):
+    fig = registry.Figure("x-fig", "sidco", "t", "benchmark", "hw", "claim", {"smoke": 1, "full": 1},
+                      lambda ctx: [])
+    rows = [verdicts.judge("a", "m", None, 0.5, claim="c", holds=False,
+                       cause="refuted: the paper's own setting"),
+            verdicts.judge("b", "m", None, 2.0, claim="c", holds=True, cause="scale: small")]
+    table = list(csv.DictReader(io.StringIO(records.comparison_csv_text(rows))))
+    assert [r["cause"] for r in table] == ["refuted", ""]
+    assert [r["verdict"] for r in table] == ["does not hold", "holds"]
+    md = records.comparison_markdown(fig, rows).splitlines()
+    head = next(line for line in md if line.startswith("| setting"))
+    cells = [c.strip() for c in head.strip("|").split("|")]
+    first = next(line for line in md if line.startswith("| a |"))
+    values = [c.strip() for c in first.strip("|").split("|")]
+    assert values[cells.index("cause")] == "refuted"
+    assert values[cells.index("verdict")] == "does not hold"
+    assert "1 does not hold (1 refuted)" in records.summary_verdict(rows)
+    assert records.status_of(fig, "full", rows, {})["causes"] == {"refuted": 1}
 
 
 def test_publish_refuses_a_smoke_run_on_the_command_line(capsys):
@@ -242,17 +266,17 @@ def test_publish_refuses_a_smoke_run_on_the_command_line(capsys):
     assert "--publish" in capsys.readouterr().err
 
 
-def _fake_figure(fid: str, seconds: float) -> base.Figure:
+def _fake_figure(fid: str, seconds: float) -> registry.Figure:
     def produce(ctx):
-        return [base.judge("s", "m", 1.0, 1.0, claim="c", holds=True)]
+        return [verdicts.judge("s", "m", 1.0, 1.0, claim="c", holds=True)]
 
-    return base.Figure(fid, "thc", "a test figure", "analysis", "none", "claim",
+    return registry.Figure(fid, "thc", "a test figure", "analysis", "none", "claim",
                        {"smoke": seconds, "full": seconds}, produce)
 
 
 def test_progress_lines_count_figures_with_estimates_and_elapsed_time(tmp_path, monkeypatch):
-    monkeypatch.setitem(base._FIGURES, "zz-test-a", _fake_figure("zz-test-a", 30))
-    monkeypatch.setitem(base._FIGURES, "zz-test-b", _fake_figure("zz-test-b", 12))
+    monkeypatch.setitem(registry._FIGURES, "zz-test-a", _fake_figure("zz-test-a", 30))
+    monkeypatch.setitem(registry._FIGURES, "zz-test-b", _fake_figure("zz-test-b", 12))
     ticks = iter([100.0, 100.0, 140.0, 150.0])
     lines: list[str] = []
     failed = base.run_figures(["zz-test-a", "zz-test-b"], size="smoke", out_root=tmp_path,
@@ -268,28 +292,28 @@ def test_progress_lines_count_figures_with_estimates_and_elapsed_time(tmp_path, 
 
 
 def test_estimates_come_from_recorded_run_times_of_this_machine_kind(tmp_path, monkeypatch):
-    monkeypatch.setitem(base._FIGURES, "zz-test-a", _fake_figure("zz-test-a", 30))
-    assert base.estimate_seconds("zz-test-a", "full", tmp_path, tmp_path / "r") == \
+    monkeypatch.setitem(registry._FIGURES, "zz-test-a", _fake_figure("zz-test-a", 30))
+    assert machine.estimate_seconds("zz-test-a", "full", tmp_path, tmp_path / "r") == \
         (30.0, "built-in estimate")
     results = tmp_path / "r"
     (results / "zz-test-a").mkdir(parents=True)
     status = {"id": "zz-test-a", "size": "full",
               "run": {"elapsed_s": 55.0, "machine": {"kind": "another CPU"}}}
     (results / "zz-test-a" / "status.json").write_text(json.dumps(status))
-    assert base.estimate_seconds("zz-test-a", "full", tmp_path, results, kind="this CPU") == \
+    assert machine.estimate_seconds("zz-test-a", "full", tmp_path, results, kind="this CPU") == \
         (55.0, "published run, another machine")
     status["run"] = {"elapsed_s": 41.0, "machine": {"kind": "this CPU"}}
     (tmp_path / "zz-test-a").mkdir()
     (tmp_path / "zz-test-a" / "status.json").write_text(json.dumps(status))
-    assert base.estimate_seconds("zz-test-a", "full", tmp_path, results, kind="this CPU") == \
+    assert machine.estimate_seconds("zz-test-a", "full", tmp_path, results, kind="this CPU") == \
         (41.0, "this machine's last run, same machine kind")
 
 
 def test_busy_machine_is_noticed():
-    assert base.busy_reasons([3.5, 2.0, 1.0], None, cpus=2) == ["load average 3.50 on 2 CPUs"]
-    assert base.busy_reasons([0.2, 0.2, 0.2], {"spread": 1.1}, cpus=2) == []
+    assert machine.busy_reasons([3.5, 2.0, 1.0], None, cpus=2) == ["load average 3.50 on 2 CPUs"]
+    assert machine.busy_reasons([0.2, 0.2, 0.2], {"spread": 1.1}, cpus=2) == []
     noisy = {"spread": 3.0, "floor_p10_ms": 1.0, "floor_p90_ms": 3.0}
-    assert "one-pass floor" in base.busy_reasons([0.2, 0.2, 0.2], noisy, cpus=2)[0]
+    assert "one-pass floor" in machine.busy_reasons([0.2, 0.2, 0.2], noisy, cpus=2)[0]
 
 
 @pytest.mark.parametrize("argv, expected", [
@@ -313,7 +337,7 @@ def test_the_script_runs_the_default_set_when_no_figure_is_named(tmp_path, argv,
     fake.parent.mkdir()
     fake.write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
     fake.chmod(0o755)
-    script = base.repo_root() / "scripts" / "repro_figure.sh"
+    script = registry.repo_root() / "scripts" / "repro_figure.sh"
     env = dict(os.environ, PATH=f"{fake.parent}:{os.environ['PATH']}")
     done = subprocess.run(["bash", str(script), *argv], env=env, capture_output=True, text=True,
                           timeout=60, check=False)

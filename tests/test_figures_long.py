@@ -10,20 +10,20 @@ import subprocess
 import pytest
 
 from repro import figures
-from repro.figures import base, deft
+from repro.figures import base, deft, machine, records, registry, verdicts
 
 figures.load_all()
 
 
-def _fake_figure(fid: str, sizes: dict[str, float]) -> base.Figure:
+def _fake_figure(fid: str, sizes: dict[str, float]) -> registry.Figure:
     def produce(ctx):
-        return [base.judge("s", "m", 1.0, 1.0, claim="c", holds=True)]
+        return [verdicts.judge("s", "m", 1.0, 1.0, claim="c", holds=True)]
 
-    return base.Figure(fid, "deft", "a test figure", "training", "none", "claim", sizes, produce)
+    return registry.Figure(fid, "deft", "a test figure", "training", "none", "claim", sizes, produce)
 
 
 def test_the_extended_set_is_the_figures_with_a_long_variant():
-    ext = base.extended_set()
+    ext = registry.extended_set()
     assert {"deft-fig3", "deft-fig4", "deft-fig5", "deft-fig10"} <= set(ext)
     for fid in ext:
         fig = figures.get(fid)
@@ -34,9 +34,9 @@ def test_the_extended_set_is_the_figures_with_a_long_variant():
 @pytest.mark.parametrize("workload", sorted(deft.CONVERGENCE["long"]))
 def test_long_runs_are_long_enough_for_the_step_rule(workload):
     steps = deft.CONVERGENCE["long"][workload]["steps"]
-    assert base.too_few_steps(steps, deft.PAPER_STEPS[workload]) is None
+    assert verdicts.too_few_steps(steps, deft.PAPER_STEPS[workload]) is None
     # ... while the full variant's runs are not (that is why the extended set exists)
-    assert base.too_few_steps(deft.CONVERGENCE["full"][workload]["steps"],
+    assert verdicts.too_few_steps(deft.CONVERGENCE["full"][workload]["steps"],
                               deft.PAPER_STEPS[workload]) == "too few steps"
 
 
@@ -56,9 +56,9 @@ def test_a_figure_without_a_smoke_or_full_variant_is_not_registered():
 
 def test_long_runs_write_and_publish_beside_the_full_results(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADCOMP_OUTPUTS", str(tmp_path / "outputs"))
-    monkeypatch.setitem(base._FIGURES, "zz-long",
+    monkeypatch.setitem(registry._FIGURES, "zz-long",
                         _fake_figure("zz-long", {"smoke": 1, "full": 1, "long": 5}))
-    assert base.outputs_dir("zz-long", "long") == tmp_path / "outputs" / "long" / "zz-long"
+    assert registry.outputs_dir("zz-long", "long") == tmp_path / "outputs" / "long" / "zz-long"
     results = tmp_path / "results"
     base.run_figure("zz-long", size="long", say=lambda m: None, results_root=results,
                     publish_to=results, calibrate=False)
@@ -67,9 +67,9 @@ def test_long_runs_write_and_publish_beside_the_full_results(tmp_path, monkeypat
     assert not (results / "zz-long").exists()  # the full variant's published folder
     assert (tmp_path / "outputs" / "long" / "zz-long" / "comparison.md").exists()
     # the long run's estimate comes from its own record, not from the full variant's
-    assert base.estimate_seconds("zz-long", "long", results_root=results)[1].startswith(
+    assert machine.estimate_seconds("zz-long", "long", results_root=results)[1].startswith(
         "this machine's last run")
-    text = base.results_readme(results)
+    text = records.results_readme(results)
     assert "## The extended set" in text
     assert "[zz-long](long/zz-long/comparison.md)" in text
 
@@ -91,7 +91,7 @@ def test_deft_fig3_judges_convergence_in_its_long_variant(tmp_path, monkeypatch)
     for r in finals:  # hr@10, higher is better: the ratio's interval against 0.9
         assert r.interval is not None and r.low <= r.reproduced <= r.high
         want = "holds" if r.low >= 0.9 else "does not hold" if r.high < 0.9 else "inconclusive"
-        assert r.verdict == want and r.rule in (base.CHECKED, base.WITHIN_NOISE), r
+        assert r.verdict == want and r.rule in (verdicts.CHECKED, verdicts.WITHIN_NOISE), r
     status = json.loads((tmp_path / "deft-fig3" / "status.json").read_text())
     assert status["size"] == "long"
 
@@ -99,7 +99,7 @@ def test_deft_fig3_judges_convergence_in_its_long_variant(tmp_path, monkeypatch)
 @pytest.mark.parametrize("argv, message", [(["--set", "huge"], "unknown set 'huge'"),
                                            (["--set"], "--set needs a name")])
 def test_the_script_refuses_an_unknown_set(argv, message):
-    script = base.repo_root() / "scripts" / "repro_figure.sh"
+    script = registry.repo_root() / "scripts" / "repro_figure.sh"
     done = subprocess.run(["bash", str(script), *argv], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 2 and message in done.stderr
@@ -116,7 +116,7 @@ def test_thc_fig8_long_runs_pass_the_step_rule_at_every_scale():
     from repro.figures import thc
 
     for n, paper in thc.FIG8_PAPER_STEPS.items():
-        assert base.too_few_steps(thc.FIG8_LONG_STEPS[n], paper) is None
+        assert verdicts.too_few_steps(thc.FIG8_LONG_STEPS[n], paper) is None
 
 
 @pytest.mark.heavy  # trains a figure's runs end to end (CI's heavy lane)
@@ -137,7 +137,7 @@ def test_thc_fig8_judges_final_accuracy_in_its_long_variant(tmp_path, monkeypatc
         assert r.interval is not None and r.low <= r.reproduced <= r.high
         want = ("holds" if r.low >= -0.02 else "does not hold" if r.high < -0.02
                 else "inconclusive")
-        assert r.verdict == want and r.rule in (base.CHECKED, base.WITHIN_NOISE)
+        assert r.verdict == want and r.rule in (verdicts.CHECKED, verdicts.WITHIN_NOISE)
 
 
 class _Evaluated:

@@ -1,5 +1,6 @@
 """The arithmetic the SIDCo/DRAGONN figures rest on: the projection of a simulated run onto
-the paper's cluster, the smoothing of Fig. 9, and verdict rows (fast, no training)."""
+the paper's cluster, the smoothing of Fig. 9, the interval of a ratio of two runs (fast, no
+training)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from repro.figures.common import claim_row, smooth
+from repro.figures.common import smooth
 from repro.figures.sidco import quality_per_time
 from repro.runs import load_run
 
@@ -53,17 +54,6 @@ def test_projection_counts_one_workers_compute(tmp_path):
     assert r.k_ratio_stats()[0] == pytest.approx(1.1)
     assert r.eval_curve == [(3, 0.5)] and r.steps_to(0.5) == 3 and r.steps_to(0.6) is None
     assert quality_per_time(r) == pytest.approx(0.5 / (3 * 0.55))
-
-
-def test_claim_rows_compute_their_verdicts():
-    assert claim_row("s", "m", 1.0, 2.0, True, "c", "x").verdict == "holds"
-    assert claim_row("s", "m", 1.0, 0.5, False, "c", "x",
-                     cause="scale: a small model").verdict == "does not hold"
-    missing = claim_row("s", "m", 1.0, None, True, "c", "x")
-    assert missing.verdict == "not comparable" and missing.reproduced is None
-    assert claim_row("s", "m", 1.0, None, True, "c", "x", missing_ok=True).verdict == "holds"
-    assert "does NOT hold" in claim_row("s", "m", 1.0, 0.5, False, "c", "x",
-                                        cause="scale: a small model").reason
 
 
 def test_projected_steps_and_the_interval_of_a_ratio_of_two_runs(tmp_path):

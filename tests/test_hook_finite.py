@@ -10,8 +10,8 @@ import torch
 
 import compressors
 from compressors import drive, session
-from repro import hooks
-from repro.hooks import WorkerCompression
+from repro import compression
+from repro.compression import WorkerCompression
 
 
 def _bucket(bad: float | None = None):
@@ -26,7 +26,7 @@ def _bucket(bad: float | None = None):
 def _exchange(buffer, named, monkeypatch, with_buffer=True):
     calls, reads = [], []
     real = session.validate_gradient
-    real_finite_norm = hooks.finite_norm
+    real_finite_norm = compression.finite_norm
 
     def counting(name, grad, check_finite=True):
         calls.append((name, check_finite))
@@ -37,7 +37,7 @@ def _exchange(buffer, named, monkeypatch, with_buffer=True):
         return real_finite_norm(t)
 
     monkeypatch.setattr(session, "validate_gradient", counting)
-    monkeypatch.setattr(hooks, "finite_norm", reading)
+    monkeypatch.setattr(compression, "finite_norm", reading)
     worker = WorkerCompression(compressors.build("topk", ratio=0.5), rank=0, world_size=1)
     job, finish = worker.layerwise(named, 0, buffer=buffer if with_buffer else None)
     finish(drive([job])[0])

@@ -1,11 +1,16 @@
-"""The import graph of the compressors package: no circle anywhere in it, and the kernel
-layer (compressors/kernels/) imports nothing of the package outside itself, so the
+"""The import graph of the project's packages: compressors <- tasks <- repro, no circle
+anywhere in them, and the layers kept: no package imports one above it (the durable
+writer, repro.durable, which imports nothing of the project, serves all three), the
+engine's config (repro.config) sits below the rest of the engine, and the kernel layer
+(compressors/kernels/) imports nothing of the compressors package outside itself, so the
 algorithms sit on the kernels and never the other way round. Every import counts,
-module-level or inside a function, relative ones resolved against the importing module."""
+module-level or inside a function, relative ones resolved against the importing module;
+plugins loaded by module name (tasks.registry's families) are not imports."""
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -13,6 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "compressors"
 KERNELS = f"{PACKAGE}.kernels"
+PACKAGES = ("compressors", "tasks", "repro")  # each builds on the ones before it
+DURABLE = "repro.durable"
+CONFIG = "repro.config"
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -58,48 +66,117 @@ def imported(path: Path, name: str, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph(root: Path = ROOT, package: str = PACKAGE) -> dict[str, set[str]]:
-    mods = modules(root, package)
+def import_graph(root: Path = ROOT, packages: str | Sequence[str] = PACKAGES) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports (all of them, every package's)."""
+    mods: dict[str, Path] = {}
+    for package in [packages] if isinstance(packages, str) else packages:
+        mods.update(modules(root, package))
     known = set(mods)
     return {name: imported(path, name, known) for name, path in mods.items()}
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """A circle of imports (its modules, the first repeated at the end), or None."""
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
+def tangles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected sets of two or more modules (each module of one reaches every
+    other through imports), each sorted; Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
 
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        path.append(node)
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
         for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
-            if nxt not in state:
-                found = visit(nxt)
-                if found:
-                    return found
-        path.pop()
-        state[node] = 2
-        return None
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            members = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                members.append(member)
+                if member == node:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
 
     for node in sorted(graph):
-        if node not in state:
-            found = visit(node)
-            if found:
-                return found
-    return None
+        if node not in index:
+            visit(node)
+    return sorted(found)
 
 
-def test_the_package_has_no_import_circle():
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One circle of imports per tangle (its modules, the first repeated at the end): the
+    shortest one through the tangle's first module."""
+    cycles = []
+    for members in tangles(graph):
+        inside, start = set(members), members[0]
+        came_from: dict[str, str] = {}
+        frontier = [start]
+        while start not in came_from:  # breadth first, back to start
+            nxt_frontier = []
+            for node in frontier:
+                for nxt in sorted(graph[node] & inside):
+                    if nxt not in came_from:
+                        came_from[nxt] = node
+                        nxt_frontier.append(nxt)
+            frontier = nxt_frontier
+        path = [start]
+        while path[-1] != start or len(path) == 1:
+            path.append(came_from[path[-1]])
+        cycles.append(path[::-1])
+    return cycles
+
+
+def reach(graph: dict[str, set[str]], module: str) -> set[str]:
+    """Every module that `module` imports, directly or through others."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        for nxt in graph[todo.pop()] - seen:
+            seen.add(nxt)
+            todo.append(nxt)
+    return seen
+
+
+def test_the_packages_have_no_import_circle():
     graph = import_graph()
-    assert len(graph) > 20 and f"{KERNELS}.ops" in graph
-    cycle = find_cycle(graph)
-    assert cycle is None, "import circle: " + " -> ".join(cycle)
+    assert {f"{KERNELS}.ops", "tasks.base", "repro.launch"} <= set(graph)
+    found = [f"{len(t)} modules ({', '.join(t)}), e.g. {' -> '.join(c)}"
+             for t, c in zip(tangles(graph), find_cycles(graph))]
+    assert found == [], "modules importing each other in a circle: " + "; ".join(found)
+
+
+def test_no_package_imports_one_above_it():
+    """compressors <- tasks <- repro; the durable writer (repro.durable, the suite's one way
+    to write a file whole or not at all) serves all three and imports nothing of them."""
+    graph = import_graph()
+    assert graph[DURABLE] == set()
+    layer = {p: i for i, p in enumerate(PACKAGES)}
+    upward = sorted(f"{m} -> {t}" for m in graph for t in graph[m] if t != DURABLE
+                    and layer[t.split(".")[0]] > layer[m.split(".")[0]])
+    assert upward == [], "imports of a package above the importer's: " + ", ".join(upward)
+
+
+def test_the_config_sits_below_the_rest_of_the_engine():
+    """repro.config (schema, Hydra composition, what keys a run) reaches of the engine only
+    the durable writer and the emulated network's checks: launch, runner, cluster,
+    checkpoints build on it, never it on them."""
+    graph = import_graph()
+    engine = sorted(m for m in reach(graph, CONFIG) if m.split(".")[0] == "repro")
+    assert set(engine) <= {DURABLE, "repro.netem"}, f"{CONFIG} reaches {', '.join(engine)}"
+    assert reach(graph, "repro.netem") <= {DURABLE}
+    assert CONFIG in graph["repro.cluster"] and "repro.launch" not in graph["repro.cluster"]
 
 
 def test_the_kernel_layer_imports_no_algorithm_module():
-    graph = import_graph()
+    graph = import_graph(packages=PACKAGE)
     kernel_modules = [m for m in graph if m == KERNELS or m.startswith(KERNELS + ".")]
     assert {f"{KERNELS}.ops", f"{KERNELS}.cuda", f"{KERNELS}.sidco_pipeline"} <= set(kernel_modules)
     arrows = sorted((m, t) for m in kernel_modules for t in graph[m]
@@ -111,7 +188,7 @@ def test_the_kernel_layer_imports_no_algorithm_module():
 def test_the_algorithms_reach_the_kernels_through_the_layer():
     """Every algorithm module that uses a kernel imports compressors.kernels.*; none imports
     the bindings of one implementation (cpu, cuda) except through ops or a pipeline."""
-    graph = import_graph()
+    graph = import_graph(packages=PACKAGE)
     direct = {f"{KERNELS}.cpu", f"{KERNELS}.cpu_thc", f"{KERNELS}.cuda", f"{KERNELS}.cuda_sidco",
               f"{KERNELS}.build"}
     algorithms = [m for m in graph if not m.startswith(KERNELS)]
@@ -142,13 +219,30 @@ def test_a_circle_through_relative_and_function_level_imports_is_found(tmp_path)
     graph = import_graph(root, "pkg")
     assert graph["pkg.b"] == {"pkg.sub.c"} and graph["pkg.sub.c"] == {"pkg.a"}
     assert graph["pkg.d"] == {"pkg.sub.c"}
-    assert find_cycle(graph) == ["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]
+    assert find_cycles(graph) == [["pkg.a", "pkg.b", "pkg.sub.c", "pkg.a"]]
+
+
+def test_every_circle_is_found_across_packages(tmp_path):
+    """Two separate circles, one of them through two packages and a package's __init__."""
+    root = _package(tmp_path, {
+        "low/__init__.py": "from low.base import Thing\n",
+        "low/base.py": "def f():\n    import low\n",
+        "low/tool.py": "def g():\n    from high import run\n",
+        "high/__init__.py": "",
+        "high/run.py": "import low.tool\n",
+        "high/solo.py": "import low\n",
+    })
+    graph = import_graph(root, ("low", "high"))
+    assert find_cycles(graph) == [["high.run", "low.tool", "high.run"],
+                                  ["low", "low.base", "low"]]
+    assert tangles(graph) == [["high.run", "low.tool"], ["low", "low.base"]]
+    assert reach(graph, "high.solo") == {"low", "low.base"}
 
 
 @pytest.mark.parametrize("text", ["import os\n", "from pkg import b\n", "from .b import g\n"])
 def test_no_circle_where_imports_only_go_one_way(tmp_path, text):
     root = _package(tmp_path, {"pkg/__init__.py": "", "pkg/a.py": text, "pkg/b.py": "x = 1\n"})
-    assert find_cycle(import_graph(root, "pkg")) is None
+    assert find_cycles(import_graph(root, "pkg")) == []
 
 
 PROJECT = ("compressors", "repro", "tasks")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from repro import logging as rlog
-from repro.logging import MetricsWriter, WandbLogger, is_main, read_metrics, read_summary, run_name
+from repro.logging import MetricsWriter, WandbLogger, is_main, read_metrics, read_summary
 
 
 def metrics_path(run_dir) -> str:
@@ -397,19 +397,6 @@ def test_progress_bar(capsys):
     bar.update(5)
     bar.close()
     assert "5/5" in capsys.readouterr().err
-
-
-def test_run_name():
-    assert run_name("topk", "cifar10_resnet20", 0.01, 2) == "topk-r0.01-w2-cifar10_resnet20"
-    assert run_name("powersgd", "ptb_lstm", None, 4) == "powersgd-w4-ptb_lstm"
-    assert run_name("topk", "t", 1e-5, 8, extra={"seed": 1, "fb": "none"}) == "topk-r1e-05-w8-t-fb=none-seed=1"
-    name = run_name("my comp", "a/b:c", 0.1, 2, extra="x y")
-    assert name == "my_comp-r0.1-w2-a_b_c-x_y" and "/" not in name
-    assert run_name("topk", "t", 0.01, 2) == run_name("topk", "t", 0.01, 2)
-    with pytest.raises(ValueError, match="workers"):
-        run_name("topk", "t", 0.01, 0)
-    with pytest.raises(ValueError, match="ratio"):
-        run_name("topk", "t", "0.01", 2)
 
 
 # -- W&B as its users set it up ------------------------------------------------------------

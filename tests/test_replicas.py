@@ -450,3 +450,29 @@ def test_replicas_command_reports_per_compressor(capsys):
     assert [line.split(":")[0].strip() for line in out] == ["sidco_e", "deft"]
     assert all(line.endswith("replicas identical") for line in out)
     assert main(["replicas", "--compressor", "none"]) == 2  # not a sparse compressor
+
+
+def test_replicas_command_covers_every_sparsifier(monkeypatch):
+    """`repro replicas` checks, by default, every registered compressor that selects
+    coordinates, told apart by what one simulated exchange reports (Outcome.selected, the
+    k̂ only a sparsifier has), so a sparsifier registered later is checked without a list
+    to update."""
+    import argparse
+
+    from repro import replicacheck
+
+    grads = [torch.randn(4096, generator=torch.Generator().manual_seed(r)) for r in range(2)]
+    selecting = [name for name in compressors.list_compressors()
+                 if SimulatedGroup(compressors.build(name, **_params(name)), world_size=2)
+                 .step([g.clone() for g in grads])[0].selected is not None]
+    assert "dgc_reference" in selecting and "none" not in selecting
+    assert replicacheck.sparse_compressors() == selecting
+    for name in selecting:  # each builds with the parameters the check gives it
+        compressors.build(name, **replicacheck.hook_params(name, 0.01))
+    checked = []
+    monkeypatch.setattr(replicacheck, "check", lambda names, *args: checked.extend(names) or {
+        n: "replicas identical" for n in names})
+    parser = argparse.ArgumentParser()
+    replicacheck.add_arguments(parser)
+    assert replicacheck.run(parser.parse_args([])) == 0
+    assert checked == selecting

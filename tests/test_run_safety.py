@@ -576,7 +576,7 @@ def test_what_a_compressor_produces_is_checked_under_the_same_policy():
     skip skips the step on every worker."""
     import compressors
     from compressors import drive
-    from repro.hooks import NonFiniteGradient, WorkerCompression
+    from repro.compression import NonFiniteGradient, WorkerCompression
 
     for policy in ("error", "skip"):
         workers = [WorkerCompression(compressors.build("topk", ratio=0.5), r, 3,

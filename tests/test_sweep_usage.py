@@ -17,7 +17,8 @@ import pytest
 import torch
 import yaml
 
-from repro import launch, sweep
+from repro import config as config_mod
+from repro import failures, launch
 from repro.cli import main
 from repro.logging import read_metrics, read_summary, run_summary_lines
 from repro.runs import fmt
@@ -127,7 +128,7 @@ def diverging_sweep(tmp_path_factory):
 def test_a_failing_run_is_recorded_and_the_sweep_goes_on(diverging_sweep, monkeypatch):
     root, lines, error, bad, good = diverging_sweep
     assert os.path.exists(os.path.join(good, "DONE"))  # the run after the failure ran
-    record = sweep.read_failure(bad)
+    record = failures.read_failure(bad)
     assert record["status"] == "diverged" and "NaN" in record["reason"]
     assert not os.path.exists(os.path.join(bad, "DONE"))
     assert error.failed == [(bad, record)] and "1 of 2 runs failed" in str(error)
@@ -148,7 +149,7 @@ def test_a_failing_run_is_recorded_and_the_sweep_goes_on(diverging_sweep, monkey
         launch.train([*SWEEP, f"runs_root={root}"], multirun=True, out=retried.append,
                      keep_going=True, retry_failed=True, progress=True)
     assert status_lines(retried)[0] == f"[running] {bad}"
-    assert sweep.read_failure(bad)["status"] == "diverged"
+    assert failures.read_failure(bad)["status"] == "diverged"
 
 
 @pytest.mark.slow
@@ -178,7 +179,7 @@ def test_each_run_records_what_made_it(diverging_sweep):
     assert record["versions"]["torch"] == torch.__version__
     assert record["versions"]["gradcomp-repro"] and record["versions"]["hydra-core"]
     assert "wandb" not in record["versions"]  # logger=local: not in use
-    clone = os.path.exists(os.path.join(os.path.dirname(launch.conf_dir()), ".git"))
+    clone = os.path.exists(os.path.join(os.path.dirname(config_mod.conf_dir()), ".git"))
     if clone:
         assert re.fullmatch(r"[0-9a-f]{40}", record["git"]["commit"])
         assert isinstance(record["git"]["dirty"], bool)
@@ -353,7 +354,7 @@ def test_a_paper_size_run_shorter_than_the_papers_schedule_is_warned(tmp_path):
 
 
 def test_the_readme_states_the_task_sizes():
-    with open(os.path.join(os.path.dirname(launch.conf_dir()), "README.md")) as f:
+    with open(os.path.join(os.path.dirname(config_mod.conf_dir()), "README.md")) as f:
         text = " ".join(f.read().split())
     assert "`task.size` is `smoke` by default" in text
     assert "task.size=paper" in text and "warm-up" in text
@@ -361,7 +362,7 @@ def test_the_readme_states_the_task_sizes():
 
 # -- 14. the small ones ------------------------------------------------------------------------------
 def readme() -> str:
-    with open(os.path.join(os.path.dirname(launch.conf_dir()), "README.md")) as f:
+    with open(os.path.join(os.path.dirname(config_mod.conf_dir()), "README.md")) as f:
         return f.read()
 
 

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 
 import tasks
 from repro import config as config_mod
-from repro import launch
+from repro import launch, runner
 
 RECORDED = json.loads((Path(__file__).parent / "task_hparams.json").read_text())["tasks"]
 SIZES = ("smoke", "paper")
@@ -67,8 +67,8 @@ def _no_workers(monkeypatch):
 
     import repro.train
 
-    monkeypatch.setattr(launch, "spawn", no_worker)
-    monkeypatch.setattr(launch, "torchrun", no_worker)
+    monkeypatch.setattr(runner, "spawn", no_worker)
+    monkeypatch.setattr(runner, "torchrun", no_worker)
     monkeypatch.setattr(repro.train, "run_simulated", no_worker)
 
 
@@ -85,7 +85,7 @@ def _refusal(tmp_path, monkeypatch, overrides) -> str:
 
 def _conf_copy(tmp_path, monkeypatch) -> Path:
     conf = tmp_path / "conf"
-    shutil.copytree(launch.conf_dir(), conf)
+    shutil.copytree(config_mod.conf_dir(), conf)
     monkeypatch.setenv("GRADCOMP_CONF", str(conf))
     return conf
 

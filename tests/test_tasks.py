@@ -70,6 +70,32 @@ def test_duplicate_registration_is_refused():
         tasks.register_task("not_a_task")(object)
 
 
+def test_task_constructors_take_keywords_only():
+    for name in tasks.list_tasks():
+        with pytest.raises(TypeError, match="positional"):
+            tasks.get_task_class(name)("smoke", "standin")
+    assert tasks.build_task("wiki10_xml", size="smoke", seed=1).seed == 1
+
+
+@pytest.mark.parametrize("name, folder, files, source", [
+    ("roberta_sst2", "SST-2", ("train.tsv", "dev.tsv"),
+     "GLUE SST-2 (train.tsv; evaluated on dev.tsv); "),
+    ("bert_squad", "squad", ("train-v1.1.json", "dev-v1.1.json"),
+     "SQuAD 1.1 (train-v1.1.json; evaluated on dev-v1.1.json); "),
+])
+def test_canonical_files_are_found_in_data_root_or_its_own_folder(name, folder, files, source,
+                                                                  tmp_path):
+    for where in (tmp_path / "flat", tmp_path / "nested" / folder):
+        where.mkdir(parents=True)
+        for f in files:
+            (where / f).write_text("")
+    for root, where in ((tmp_path / "flat", tmp_path / "flat"),
+                        (tmp_path / "nested", tmp_path / "nested" / folder)):
+        task = tasks.build_task(name, data="canonical", data_root=str(root))
+        assert task.data_source.startswith(source)
+        assert task._files == tuple(str(where / f) for f in files)
+
+
 @pytest.mark.slow
 def test_import_tasks_is_light():
     code = (

@@ -20,7 +20,7 @@ import torch
 
 from compressors.base import target_k
 from repro import config as config_mod
-from repro import launch
+from repro import launch, runner
 from repro.logging import read_metrics, read_summary
 from repro.testing import run_ranks
 
@@ -406,8 +406,8 @@ def test_bad_config_fails_before_any_worker_starts(tmp_path, monkeypatch, overri
     def no_worker(*args, **kwargs):
         raise AssertionError("a worker was started for a bad config")
 
-    monkeypatch.setattr(launch, "spawn", no_worker)
-    monkeypatch.setattr(launch, "torchrun", no_worker)
+    monkeypatch.setattr(runner, "spawn", no_worker)
+    monkeypatch.setattr(runner, "torchrun", no_worker)
     import repro.train
 
     monkeypatch.setattr(repro.train, "run_simulated", no_worker)
@@ -434,7 +434,7 @@ def test_configs_check_passes_and_detects_drift(tmp_path, monkeypatch, capsys):
 
     assert main(["configs", "--check"]) == 0, capsys.readouterr().out
     conf = tmp_path / "conf"
-    shutil.copytree(launch.conf_dir(), conf)
+    shutil.copytree(config_mod.conf_dir(), conf)
     (conf / "compressor" / "topk.yaml").write_text("name: topk\nratio: 0.5\n")
     (conf / "task" / "retired_task.yaml").write_text("name: retired_task\n")
     (conf / "compressor" / "dgc.yaml").unlink()
@@ -460,8 +460,8 @@ def test_simulated_step_metrics_are_one_workers_step():
     from omegaconf import OmegaConf
 
     from compressors import Pattern
+    from repro.compression import StepRecord
     from repro.costmodel import Network
-    from repro.hooks import StepRecord
     from repro.train import Trainer
 
     def rec(seconds):

@@ -17,8 +17,8 @@ import compressors
 from compressors import SimulatedGroup, drive
 from compressors.base import target_k
 from repro import config as config_mod
+from repro.compression import WorkerCompression
 from repro.costmodel import Network
-from repro.hooks import WorkerCompression
 from repro.optim import MomentumCorrectedSGD
 from repro.testing import run_ranks
 from repro.train import projected_comm_s
@@ -407,7 +407,7 @@ def test_deft_is_charged_its_pattern_not_one_allgather():
     """DEFT's exchange is a broadcast of the bins, an allgather of each worker's indices
     (padded) and an allreduce of the values at the union: the projection charges those
     three, which for 16 workers is about half of one allgather of all the bytes."""
-    from repro.hooks import StepRecord
+    from repro.compression import StepRecord
 
     n, numel = 16, 2_000_000
     layout = compressors.flatten_named([(f"t{i}", torch.zeros(numel // 8)) for i in range(8)])[1]
@@ -439,7 +439,7 @@ def test_trainer_nonfinite_policy(tmp_path, monkeypatch, policy):
     stops naming the step, the tensor and the worker; with skip the step is logged as
     skipped, its update not applied, and the run goes on."""
     from repro import launch
-    from repro.hooks import NonFiniteGradient
+    from repro.compression import NonFiniteGradient
     from repro.logging import read_metrics
 
     monkeypatch.setenv("GRADCOMP_NAN_AT_STEP", "2:1")

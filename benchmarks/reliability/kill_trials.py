@@ -284,15 +284,9 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
 def _results_config(config: dict[str, Any]) -> dict[str, Any]:
     """The config without the keys that cannot change a run's results (where the run
     lives: the trial's folder differs from the uninterrupted run's)."""
-    from repro.launch import RESULT_NEUTRAL_KEYS
+    from repro.config import RESULT_NEUTRAL_KEYS, without_keys
 
-    def strip(node: Any, prefix: str = "") -> Any:
-        if not isinstance(node, dict):
-            return node
-        return {k: strip(v, f"{prefix}{k}.") for k, v in node.items()
-                if f"{prefix}{k}" not in RESULT_NEUTRAL_KEYS}
-
-    return strip(config)
+    return without_keys(config, RESULT_NEUTRAL_KEYS)
 
 
 def _files(root: str) -> list[str]:

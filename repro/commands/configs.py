@@ -21,7 +21,7 @@ def add_parser(sub) -> None:
 
 def run(args) -> int:
     from repro import confgen
-    from repro.launch import conf_dir
+    from repro.config import conf_dir
 
     conf = conf_dir()
     if args.write:

@@ -87,12 +87,13 @@ def print_cfg(which: str, overrides: list[str]) -> None:
 
 def print_info(overrides: list[str]) -> None:
     from repro import cluster, launch
+    from repro import config as config_mod
 
     run_overrides, _ = cluster.split_overrides(launch.prepare_overrides(overrides))
     launch.compose(run_overrides)  # the same checks as a run's
     hydra = launch.hydra_config(overrides).hydra
     print(version_text())
-    print(f"config search path: {launch.conf_dir()} (GRADCOMP_CONF overrides it); schema: "
+    print(f"config search path: {config_mod.conf_dir()} (GRADCOMP_CONF overrides it); schema: "
           "repro.config.TrainConfig")
     print("config groups:")
     for group in launch.CONFIG_GROUPS:

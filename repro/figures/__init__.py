@@ -1,9 +1,13 @@
 """Paper figures as one command each (`repro figure ID`, `scripts/repro_figure.sh ID`).
 
 Each paper has one module here (sidco, dragonn, deft, thc) whose functions register
-themselves with `@figure(...)` (see repro/figures/base.py for the pipeline). They share
-helpers only through base.py and common.py, never by importing one another. Importing this
-package imports those modules; none of them runs anything at import time.
+themselves with `@figure(...)`. The shared modules hold what they build on: registry.py
+(the figures and where their runs go), verdicts.py (the rule table every verdict comes
+from), records.py (comparison files, status.json, publishing), machine.py (the machine
+and its recorded run times), base.py (the context a figure runs in and the pipeline),
+common.py (helpers of several papers' figures). Paper modules share helpers only through
+these, never by importing one another. Importing this package imports the shared
+modules; `load_all` imports the paper modules; none of them runs anything at import time.
 """
 
 from __future__ import annotations
@@ -11,26 +15,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from repro.figures.base import (
-    CAUSES,
-    RULES,
-    SIZES,
-    VERDICTS,
-    Context,
-    Figure,
-    Row,
-    figure,
-    get,
-    judge,
-    publish,
-    read_status,
-    registered,
-    results_readme,
-    run_figure,
-    run_figures,
-    verdict,
-    write_results_readme,
-)
+from repro.figures.base import Context, run_figure, run_figures
+from repro.figures.records import publish, read_status, results_readme, write_results_readme
+from repro.figures.registry import SIZES, Figure, figure, get, registered
+from repro.figures.verdicts import CAUSES, RULES, VERDICTS, Row, judge, verdict
 
 # The default set of `scripts/repro_figure.sh` with no argument: one or more figures per
 # paper, chosen from the full variants' measured run times (each figure's recorded time is
@@ -42,7 +30,7 @@ DEFAULT_SET: tuple[str, ...] = (
 )
 
 # The modules of this package that hold no figures: what the paper modules share.
-SHARED_MODULES = ("base", "common")
+SHARED_MODULES = ("base", "common", "machine", "records", "registry", "verdicts")
 
 _loaded = False
 

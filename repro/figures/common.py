@@ -29,7 +29,8 @@ import numpy as np
 import torch
 
 from repro.bench import spread
-from repro.figures.base import Context, Row, judge
+from repro.figures.base import Context
+from repro.figures.verdicts import Row, judge
 from repro.runs import WARMUP_STEPS, Run, load_run
 
 # Line styles per compressor, shared by the SIDCo and DRAGONN plots so a method keeps its

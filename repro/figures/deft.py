@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from repro import bench
-from repro.figures.base import Context, Row, all_of, figure, judge, side, too_few_steps
+from repro.figures.base import Context
 from repro.figures.common import (
     LAST_EVALUATIONS,
     errorbars,
@@ -41,6 +41,8 @@ from repro.figures.common import (
     smooth,
     step_ratio,
 )
+from repro.figures.registry import figure
+from repro.figures.verdicts import Row, all_of, judge, side, too_few_steps
 from repro.runs import WARMUP_STEPS, Run, fmt, load_run
 
 # -- DEFT settings --------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import torch
 
 from repro import bench
 from repro.costmodel import Network, sent_fraction
-from repro.figures.base import Context, Row, all_of, any_of, figure, side
+from repro.figures.base import Context
 from repro.figures.common import (
     COLOURS,
     LINK_GBPS,
@@ -41,6 +41,8 @@ from repro.figures.common import (
     timing_ratio,
     train_grid,
 )
+from repro.figures.registry import figure
+from repro.figures.verdicts import Row, all_of, any_of, side
 
 PAPER_HW = "16 NVIDIA V100-32GB (2 machines × 8 GPUs, PCIe), 25 Gbps network, PyTorch 1.8, Horovod"
 CPU = "this 2-core CPU"
@@ -552,7 +554,7 @@ def _fig1b_gpu_rows(ctx: Context, names: list[str], data: list[dict], gamma: dic
     the committed GPU benches (repro.gpubench, interpolated between measured sizes, never
     extrapolated), communication from the cost model; one "not run" row naming what is
     missing when the benches do not cover every size."""
-    from repro.figures.base import default_results_root
+    from repro.figures.registry import default_results_root
     from repro.gpubench import GpuBench, NotCovered
 
     setting = f"{size_range}, δ={RATIO}, GPU compression"

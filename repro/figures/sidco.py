@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from repro import bench, measure
-from repro.figures.base import Context, Row, all_of, figure, side
+from repro.figures.base import Context
 from repro.figures.common import (
     COLOURS,
     TIMING_REPEATS,
@@ -44,6 +44,8 @@ from repro.figures.common import (
     timing_ratio,
     train_grid,
 )
+from repro.figures.registry import figure
+from repro.figures.verdicts import Row, all_of, side
 from repro.runs import Run
 
 PAPER_HW = ("8 machines × 1 NVIDIA V100-16GB (2 × 16-core Xeon 4112), 10 Gbps NICs, "

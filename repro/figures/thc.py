@@ -18,7 +18,7 @@ import math
 import tempfile
 from typing import Any
 
-from repro.figures.base import Context, Row, figure, judge, side, too_few_steps
+from repro.figures.base import Context
 from repro.figures.common import (
     LAST_EVALUATIONS,
     TIMING_REPEATS,
@@ -35,6 +35,8 @@ from repro.figures.common import (
     timing_ratio,
     train_grid,
 )
+from repro.figures.registry import figure
+from repro.figures.verdicts import Row, judge, side, too_few_steps
 from repro.runs import fmt, load_run
 
 # -- Fig. 2b: NMSE of Top-k 10 %, TernGrad and THC with 2 workers -------------------------
