@@ -322,7 +322,7 @@ def run_figures(ids: Sequence[str], size: str = "full", out_root: Path | str | N
 
 
 def experiment_path(name: str) -> Path:
-    from repro.launch import conf_dir
+    from repro.config import conf_dir
 
     return Path(conf_dir()) / "experiment" / f"{name}.yaml"
 
