@@ -10,7 +10,7 @@ hook runs each exchange on repro.distributed's communication thread, overlapping
 the rest of backward. DDP's options work as users set them: find_unused_parameters and
 static_graph (a parameter no rank used keeps its error feedback), no_sync accumulation,
 gradient_as_bucket_view, low-precision gradients, frozen parameters
-(tests/test_hook_contract.py).
+(tests/engine/test_hook_contract.py).
 
 No `from __future__ import annotations` here: DDP checks the hook's return annotation.
 """

@@ -89,8 +89,8 @@ for s in "${stages[@]}"; do
             ;;
         tests)
             step tests 180 env PYTHONPATH="$root" "$py" -m pytest -q -p no:cacheprovider -m gpu \
-                tests/test_gpu_kernels.py tests/test_bench.py tests/test_fwht_kernel.py \
-                tests/test_thc_cuda_kernel.py
+                tests/kernels/test_gpu_kernels.py tests/kernels/test_bench.py tests/kernels/test_fwht_kernel.py \
+                tests/kernels/test_thc_cuda_kernel.py
             ;;
         bench)
             bench bench "$root" "$out/bench.json"

@@ -1,4 +1,5 @@
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,29 +10,33 @@ os.environ.setdefault("WANDB_MODE", "disabled")
 torch.set_num_threads(2)
 
 
-# What each test file tests. Every test gets one group marker: its file's group, else
-# "unit". Tests that spawn processes are marked "distributed" where they are written.
-GROUPS = {
-    "kernels": ("test_native_kernels", "test_gpu_kernels", "test_fwht_kernel",
-                "test_thc_cuda_kernel", "test_fastpaths",
-                "test_allocations", "test_finite_fold", "test_thc_rng", "test_imports",
-                "test_context_workspace", "test_bench"),
-    "figures": ("test_figures", "test_figures_sidco_dragonn", "test_verdicts", "test_compare",
-                "test_compare_page", "test_runs", "test_figures_long", "test_figures_link"),
+# The tests are laid out like the source, one folder per layer; each test is marked with
+# its folder's name (select a layer with -m, e.g. -m kernels). Tests that spawn processes
+# are marked "distributed" where they are written.
+FOLDERS = {
+    "compressors": "an algorithm's defining property, through Session, simulated and real ranks",
+    "kernels": "the C++ and Triton kernels against their torch twins, allocations, benches",
+    "engine": "the DDP hook, trainers, launch, runs, logging, network, import layers",
+    "tasks": "the workloads: models, loaders, data sets, hyper-parameters",
+    "figures": "paper figures, verdicts, run comparison",
 }
-GROUP_OF = {name: group for group, names in GROUPS.items() for name in names}
+TESTS = Path(__file__).resolve().parent
 
 
 def pytest_collection_modifyitems(config, items):
-    """Group markers (unit, kernels, figures; see GROUPS); every heavy test is also slow
-    (the lanes nest: quick within default within all); GPU tests skip where no CUDA
-    device exists (CI is CPU-only), the compare page's browser tests where no Chromium is
-    installed (.ci/run installs it), the emulated network's where namespaces cannot be
-    made (not root, no iproute2: tests/test_netem.py names the reason); nothing else
-    skips."""
+    """Folder markers (see FOLDERS): a test outside them is refused, so a new file lands
+    where its layer is; every heavy test is also slow (the lanes nest: quick within
+    default within all); GPU tests skip where no CUDA device exists (CI is CPU-only), the
+    compare page's browser tests where no Chromium is installed (.ci/run installs it), the
+    emulated network's where namespaces cannot be made (not root, no iproute2:
+    tests/engine/test_netem.py names the reason); nothing else skips."""
     for item in items:
-        module = item.path.stem if hasattr(item, "path") else ""
-        item.add_marker(getattr(pytest.mark, GROUP_OF.get(module, "unit")))
+        folder = Path(item.path).resolve().parent
+        if folder.parent != TESTS or folder.name not in FOLDERS:
+            raise pytest.UsageError(
+                f"{item.path} is outside the test folders: move it into tests/<layer>/, one "
+                f"of {', '.join(FOLDERS)} (tests/conftest.py FOLDERS)")
+        item.add_marker(getattr(pytest.mark, folder.name))
         if "heavy" in item.keywords:  # out of the default run, so out of the quick lane
             item.add_marker(pytest.mark.slow)
     if torch.cuda.is_available():

@@ -11,7 +11,7 @@
                         the accelerated paths of single algorithms, which take what they
                         need of the algorithm (its fits, its grid) as arguments
 
-Nothing here imports an algorithm module (tests/test_imports.py). `python -m
+Nothing here imports an algorithm module (tests/engine/test_imports.py). `python -m
 compressors.kernels` builds the library and says where it is. GRADCOMP_NATIVE=0 turns
 every kernel off (the torch twins run).
 """

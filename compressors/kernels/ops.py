@@ -9,8 +9,8 @@
   compiler, no Triton) runs the torch twins of reference.py.
 
 The implementations give the same selections, the same integers and the same rounded
-bits where the functions say so (tests/test_native_kernels.py, tests/test_fastpaths.py,
-tests/interpreted_gpu_checks.py); statistics agree to the summation order. The algorithm
+bits where the functions say so (tests/kernels/test_native_kernels.py, tests/kernels/test_fastpaths.py,
+tests/kernels/interpreted_gpu_checks.py); statistics agree to the summation order. The algorithm
 modules call these functions and never choose an implementation themselves; the
 accelerated pipelines of single algorithms live beside this module
 (sidco_pipeline.py, dragonn_pipeline.py, thc_pipeline.py).

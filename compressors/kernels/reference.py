@@ -1,8 +1,8 @@
 """The pure-torch twins of the kernels: what ops.py runs where neither the C++ library
 (cpu.py) nor Triton (cuda.py) takes a tensor (16-bit or non-contiguous tensors, other
 devices, GRADCOMP_NATIVE=0, no compiler), and the definitions the kernels are tested
-against. Each gives the bits its kernels give (tests/test_native_kernels.py,
-tests/interpreted_gpu_checks.py).
+against. Each gives the bits its kernels give (tests/kernels/test_native_kernels.py,
+tests/kernels/interpreted_gpu_checks.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ of the Triton transform. Under Triton's CPU interpreter (TRITON_INTERPRET=1) tho
 take the CPU tensors the library declines (the tests' way to check them without a GPU).
 
 Each function gives the bits of thc.py's torch steps on the same device
-(tests/test_thc_rng.py, tests/test_fastpaths.py, tests/test_thc_cuda_kernel.py) and
+(tests/kernels/test_thc_rng.py, tests/kernels/test_fastpaths.py, tests/kernels/test_thc_cuda_kernel.py) and
 returns None where neither the library nor the kernels take the tensors (GRADCOMP_NATIVE=0,
 no compiler, no Triton), so the caller runs those steps. `grid` is thc.RotatedGrid: numel,
 padded, max_norm (ℓ), t_p, granularity and the sign seed.

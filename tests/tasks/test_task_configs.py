@@ -3,7 +3,7 @@ the values every task trains with, the command-line overrides (task.hparams.KEY=
 their checks before any worker starts, the Python API without Hydra, and
 `repro configs --check` on the task files.
 
-tests/task_hparams.json records every task's hyper-parameters per size with their Python
+tests/tasks/task_hparams.json records every task's hyper-parameters per size with their Python
 types; the YAML files must give exactly those.
 """
 

@@ -26,7 +26,7 @@ import pytest
 from repro import checkpoints, launch
 from repro.logging import parse_metrics, read_metrics, read_summary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["compressor=dgc", "compressor.ratio=0.05", "task=cifar10_mixer", "task.size=smoke",
           "eval_every=0", "eval_batches=1", "cluster.threads_per_worker=1", "logger=local",
           "logger.progress=false"]

@@ -39,7 +39,7 @@ COMMON = ["compressor=randomk", "compressor.ratio=0.05", "task=movielens_ncf", "
           "cluster.threads_per_worker=1", "logger=local", "logger.progress=false"]
 NAN_AT = "1:1"  # GRADCOMP_NAN_AT_STEP: rank 1's loss is NaN at step 1
 TIMED = ("wall_time", "step_s", "comm_s", "compute_s", "compress_s", "samples_per_s")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class Killed(Exception):

@@ -532,5 +532,5 @@ def test_speaker_question_standin():
 
 
 def test_install_script_is_valid_bash():
-    script = Path(__file__).resolve().parents[1] / "scripts" / "install_data.sh"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "install_data.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)

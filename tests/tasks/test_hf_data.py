@@ -25,7 +25,7 @@ from tasks import data as D
 from tasks import hf_data
 from tasks.base import DATA_KINDS
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HF_SOURCES = {
     "roberta_sst2": ("glue", "sst2"),
     "gpt2_sst2": ("glue", "sst2"),

@@ -1,7 +1,7 @@
 """A user's own DDP training script with a compressor, as README's "Use a compressor in
-your own DDP training" shows it, run under torchrun by tests/test_hook_contract.py:
+your own DDP training" shows it, run under torchrun by tests/engine/test_hook_contract.py:
 
-    torchrun --standalone --nproc-per-node 3 tests/ddp_user_script.py OUT_DIR
+    torchrun --standalone --nproc-per-node 3 tests/engine/ddp_user_script.py OUT_DIR
 
 A model with a branch that is unused on some steps (every rank's on some, one rank's on
 others), so DDP needs find_unused_parameters=True; 20 steps with each of topk, deft and

@@ -1,6 +1,6 @@
 """The Triton kernels of compressors/kernels/cuda.py run by Triton's CPU interpreter on CPU
 tensors, against the torch expressions they replace. Not collected by default (the file
-name): tests/test_gpu_kernels.py runs it in a fresh Python with TRITON_INTERPRET=1, which
+name): tests/kernels/test_gpu_kernels.py runs it in a fresh Python with TRITON_INTERPRET=1, which
 must be set before triton is first imported."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from compressors.kernels.counter_stream import counter_hash, seed_words
 from compressors.kernels.types import Selected
 
 if not kernels.INTERPRETED:
-    raise RuntimeError("run with TRITON_INTERPRET=1 (tests/test_gpu_kernels.py does)")
+    raise RuntimeError("run with TRITON_INTERPRET=1 (tests/kernels/test_gpu_kernels.py does)")
 
 
 def _laplace(n: int, seed: int = 0) -> torch.Tensor:

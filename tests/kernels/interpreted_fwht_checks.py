@@ -1,7 +1,7 @@
 """The Triton transform of compressors/kernels/cuda_fwht.py run by Triton's CPU interpreter
 on CPU tensors, against reference.fwht_ (bit for bit: the same butterflies in the same
 order) and against scipy.linalg.hadamard in float64. Not collected by default (the file
-name): tests/test_fwht_kernel.py runs it as a script (pytest on this file) in a fresh
+name): tests/kernels/test_fwht_kernel.py runs it as a script (pytest on this file) in a fresh
 Python with TRITON_INTERPRET=1, which must be set before triton is first imported."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from compressors.kernels import cuda as kernels
 from compressors.kernels import cuda_fwht, reference
 
 if not kernels.INTERPRETED:
-    raise RuntimeError("run with TRITON_INTERPRET=1 (tests/test_fwht_kernel.py does)")
+    raise RuntimeError("run with TRITON_INTERPRET=1 (tests/kernels/test_fwht_kernel.py does)")
 
 
 def _rows(rows: int, d: int, seed: int) -> torch.Tensor:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "compressors"
 KERNELS = f"{PACKAGE}.kernels"
 PACKAGES = ("compressors", "tasks", "repro")  # each builds on the ones before it

@@ -241,7 +241,7 @@ def test_the_hook_keeps_its_contract_under_each_ddp_option(option):
 
 
 def test_a_users_torchrun_script_with_a_branch_unused_on_some_steps(tmp_path):
-    """tests/ddp_user_script.py under torchrun on 3 ranks: DDP with
+    """tests/engine/ddp_user_script.py under torchrun on 3 ranks: DDP with
     find_unused_parameters=True and a branch unused on some steps (by every rank on some,
     by one rank on others) trains 20 steps with each of topk, deft and sidco_e, the
     replicas identical after every step; a NaN on one rank's loss is caught as

@@ -1,7 +1,7 @@
 """The Triton Walsh–Hadamard transform of compressors/kernels/cuda_fwht.py:
 
 - its pass plans (pure Python);
-- everywhere: tests/interpreted_fwht_checks.py runs the kernels under Triton's CPU
+- everywhere: tests/kernels/interpreted_fwht_checks.py runs the kernels under Triton's CPU
   interpreter in a fresh Python (TRITON_INTERPRET=1 must be set before triton is
   imported), against reference.fwht_ and scipy.linalg.hadamard, including multi-pass plans
   on small sizes;

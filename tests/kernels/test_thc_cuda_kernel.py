@@ -1,7 +1,7 @@
 """THC's Triton kernels (compressors/kernels/cuda_thc.py: the rotation, encoding and
 decoding fused into the Triton transform's first and last passes):
 
-- everywhere: tests/interpreted_thc_cuda_checks.py runs them under Triton's CPU interpreter
+- everywhere: tests/kernels/interpreted_thc_cuda_checks.py runs them under Triton's CPU interpreter
   in a fresh Python (TRITON_INTERPRET=1 before triton is imported, GRADCOMP_NATIVE=0 so
   the CPU library leaves the tensors to them), bit for bit against thc.py's torch steps;
 - where Triton has its CUDA backend: the launched variants compile for an H100 (sm_90),

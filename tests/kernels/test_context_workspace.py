@@ -1,7 +1,7 @@
 """Context.workspace: a buffer a protocol writes whole each step (FP16's 16-bit wire),
 kept per worker and tensor between steps on the CPU instead of allocated fresh (a fresh
 full-size CPU tensor costs a page fault per 4 KiB on first touch), and never part of a
-checkpoint. tests/test_allocations.py checks that FP16's step allocates nothing full-size."""
+checkpoint. tests/kernels/test_allocations.py checks that FP16's step allocates nothing full-size."""
 
 from __future__ import annotations
 

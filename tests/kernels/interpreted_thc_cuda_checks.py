@@ -2,7 +2,7 @@
 CPU tensors, against the torch steps of compressors/thc.py (bit for bit): the rotation, the
 encoding (indices, table values, clamped count), the decoding and the sign flip, on the
 default transform plan and on multi-pass plans of small sizes, and whole THC steps through
-the compressor API. Not collected by default (the file name): tests/test_thc_cuda_kernel.py
+the compressor API. Not collected by default (the file name): tests/kernels/test_thc_cuda_kernel.py
 runs it in a fresh Python with TRITON_INTERPRET=1 (set before triton is first imported)
 and GRADCOMP_NATIVE=0 (the CPU library declines the tensors, so the kernels take them)."""
 
@@ -21,7 +21,7 @@ from compressors.thc_table import resolve_table
 
 if not cuda_thc.INTERPRETED or ops.available():
     raise RuntimeError("run with TRITON_INTERPRET=1 and GRADCOMP_NATIVE=0 "
-                       "(tests/test_thc_cuda_kernel.py does)")
+                       "(tests/kernels/test_thc_cuda_kernel.py does)")
 
 # small transform plans: three passes (a block, a middle pass, the finishing tile) at 2^12
 SMALL = {"block": 64, "tile": 256, "min_columns": 8}

@@ -104,7 +104,7 @@ def test_import_tasks_is_light():
         "assert not bad, bad"
     )
     subprocess.run(
-        [sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1]
+        [sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[2]
     )
 
 

@@ -1,4 +1,4 @@
-"""The LightningModule and callback of tests/test_ecosystem.py's Lightning test. Lightning's
+"""The LightningModule and callback of tests/engine/test_ecosystem.py's Lightning test. Lightning's
 spawn launcher pickles them into the ranks, so they live at a module's top level; a module
 of their own, imported by that test only, keeps collection from importing Lightning (six
 seconds here) wherever the test is not selected."""

@@ -1,5 +1,5 @@
 """`repro bench` and its pieces. The `benchmark` tests run once as plain tests under the
-default --benchmark-disable; `pytest --benchmark-enable tests/test_bench.py` times them."""
+default --benchmark-disable; `pytest --benchmark-enable tests/kernels/test_bench.py` times them."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The Triton kernels of compressors/kernels/cuda.py (the CUDA paths of the threshold
 sparsifiers), checked two ways:
 
-- everywhere (CI has no GPU): tests/interpreted_gpu_checks.py runs the same kernels under
+- everywhere (CI has no GPU): tests/kernels/interpreted_gpu_checks.py runs the same kernels under
   Triton's CPU interpreter on CPU tensors, in a fresh Python (TRITON_INTERPRET=1 must be
   set before triton is imported), against the torch expressions they replace: positions,
   values, counts and statistics at thresholds equal to elements, ragged last blocks, the

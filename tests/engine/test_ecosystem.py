@@ -27,7 +27,7 @@ def _data(rank: int):
 
 
 # -- Lightning ---------------------------------------------------------------------------------
-# Its LightningModule and callback are in tests/ecosystem_lightning.py, imported by the test
+# Its LightningModule and callback are in tests/engine/ecosystem_lightning.py, imported by the test
 # only: collecting this file then does not import Lightning.
 
 
