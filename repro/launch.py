@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 
 from repro import config as config_mod
 from repro import runner
-from repro.config import conf_dir  # the Hydra tree; public here too: repro.launch.conf_dir
+from repro.config import conf_dir
 
 
 def hydra_config(overrides: list[str]) -> DictConfig:
@@ -119,7 +119,7 @@ def _key_error(full_key: str, cause: BaseException, overrides: list[str]) -> str
 
 
 def _unknown_key(full_key: str, overrides: list[str]) -> str:
-    parent, _, leaf = full_key.rpartition(".")
+    parent, _, _leaf = full_key.rpartition(".")
     if parent == "compressor.params":
         import compressors
 
@@ -136,7 +136,7 @@ def _unknown_key(full_key: str, overrides: list[str]) -> str:
         return f"{full_key} is not a parameter of the selected compressor"
     node = config_mod.schema()
     for part in parent.split(".") if parent else []:
-        node = node[part] if part in node else None
+        node = node.get(part, None)
         if node is None:
             break
     allowed = sorted(node.keys()) if node is not None else []
@@ -340,9 +340,9 @@ def config_changes(cfg: DictConfig, saved_path: str | None,
 
 def _changed_message(changed: list[Planned]) -> str:
     runs = "1 run" if len(changed) == 1 else f"{len(changed)} runs"
-    lines = [f"{runs} of this command: the config.yaml already in the run directory differs "
+    lines = [(f"{runs} of this command: the config.yaml already in the run directory differs "
              "from the run's config, so the run is neither skipped, resumed nor overwritten "
-             "(nothing was run):"]
+             "(nothing was run):")]
     for p in changed:
         lines.append(f"  {p.run_dir}")
         lines += [f"    {c}" for c in p.changes]

@@ -13,6 +13,9 @@ import sys
 
 from omegaconf import DictConfig
 
+# Rank 0's port on an emulated network (each rank has its own namespace: no clash there).
+EMULATED_PORT = 29500
+
 
 def run_prepared(run_dir: str, cfg) -> None:
     """Run a prepared run directory in its cluster.mode, on this machine; with
@@ -42,9 +45,6 @@ def run_prepared(run_dir: str, cfg) -> None:
         torchrun(run_dir, cfg)
 
 
-RENDEZVOUS_PORT = 29500  # rank 0's, on an emulated network (its own namespace: no clash)
-
-
 def _spawn_entry(rank: int, run_dir: str, world: int, init_file: str,
                  namespaces: list[str] | None = None, master: str | None = None) -> None:
     from repro.train import run_rank
@@ -55,7 +55,7 @@ def _spawn_entry(rank: int, run_dir: str, world: int, init_file: str,
 
         netem.enter(namespaces[rank])  # before anything opens a socket
         os.environ["GLOO_SOCKET_IFNAME"] = netem.IFACE
-        init_method = f"tcp://{master}:{RENDEZVOUS_PORT}"
+        init_method = f"tcp://{master}:{EMULATED_PORT}"
     run_rank(run_dir, rank, world, init_method)
     from repro.worker import finished_rank_exit
 
@@ -108,7 +108,7 @@ def torchrun(run_dir: str, cfg: DictConfig, network=None) -> None:
     if network is None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nnodes", "1",
                "--nproc-per-node", str(cfg.cluster.workers), *tail]
-        result = subprocess.run(cmd, env=env)
+        result = subprocess.run(cmd, env=env, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"torchrun exited with {result.returncode} for {run_dir}")
         return
@@ -119,7 +119,7 @@ def torchrun(run_dir: str, cfg: DictConfig, network=None) -> None:
     agents = [subprocess.Popen(
         [*network.exec_prefix(r), sys.executable, "-m", "torch.distributed.run",
          "--nnodes", str(workers), "--node-rank", str(r), "--nproc-per-node", "1",
-         "--master-addr", network.address(0), "--master-port", str(RENDEZVOUS_PORT), *tail],
+         "--master-addr", network.address(0), "--master-port", str(EMULATED_PORT), *tail],
         env=env) for r in range(workers)]
     try:
         codes = [a.wait() for a in agents]
