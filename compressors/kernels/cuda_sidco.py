@@ -26,8 +26,10 @@ for the device and the device for the host. Here the thresholds stay on the devi
   back its size, the thresholds and the flags;
 - once the previous steps' thresholds are known (sidco_pipeline.speculation_bounds), the first
   read of acc also keeps what stage 2 needs near the guessed first threshold and the pool
-  above the guessed second one (`speculate`, one pass that compacts in acc's order by a
-  decoupled look-back), so acc is read once per step instead of four times; where the
+  above the guessed second one (`speculate`: one pass in which each tile claims its
+  output ranges with one atomic add and waits for no other tile, then a small pass that
+  moves each tile's entries into acc's order, so the buffers are the same whatever order
+  the claims landed in), so acc is read once per step instead of four times; where the
   guess did not hold, the step is flagged MISS and redone without it.
 
 What the device path does not decide, it flags for the caller, who then runs the
@@ -70,24 +72,32 @@ HEAD = 3
 SAFE_LOW, SAFE_HIGH = SAFE_MEAN
 REDUCE = 2048  # partials per step of the fit's reduction (gpu.stats' final kernel too)
 FUSED_REDUCE = 512  # the same in a later stage's last program (fewer registers there)
-# The speculative read's running counts (window, pool) share one 64-bit word: each < 2^31.
+# The speculative read's counts (window, pool) share one 64-bit word, so that a tile claims
+# both ranges with one atomic add: each < 2^31.
 SPEC_LIMIT = 2**31
 _COUNT_BITS = 31
-# The speculative read's tile (elements per program) and warps per program: ptxas for
-# sm_90 (Triton 3.8) gives the kernel 118 registers a thread with 8 warps on 4096 elements
-# (2 programs, 16 warps an SM), 138 with Σ ln|x| (SIDCo-P: one program an SM), so that
-# variant is capped at SPEC_MAXNREG (two programs again; ptxas spills 52 bytes a thread).
-# With 4 warps: 190–244 registers. Not yet tuned on a GPU.
+# The speculative read's tile (elements per program) and warps per program: Triton 3.8's
+# ptxas (-arch=sm_90a -v) gives the kernel 80 registers a thread with 8 warps on 4096
+# elements (3 programs, 24 warps an SM); with Σ ln|x| (SIDCo-P) it wants more and is
+# capped at SPEC_MAXNREG (two programs an SM; 12 bytes a thread spilled). Not yet tuned
+# on a GPU.
 SPEC_BLOCK = 4096
 SPEC_WARPS = 8
 SPEC_MAXNREG = 128
+# The speculative read's reordering (_spec_order_kernel): one program per tile of the read
+# moves that tile's entries (at most SPEC_BLOCK a buffer) ORDER_BLOCK at a time, with
+# ORDER_WARPS warps; the buffers are sized for about 3.5% of acc in the window and 7% in
+# the pool (sidco_pipeline.speculation_shares at SIDCo's nominal ratios), 140 and 300
+# entries of a tile: one step a buffer.
+ORDER_BLOCK = 512
+ORDER_WARPS = 4
 # A compaction's tile and warps (_compact_kernel: 116–126 registers a thread at 8 warps);
 # not yet tuned on a GPU either.
 COMPACT_BLOCK = 4096
 COMPACT_WARPS = 8
-# Polls of the look-back's window without progress before a tile (of the speculative read
-# or a compaction) gives up and flags the step for the host path (a guard: a tile waits
-# only for tiles already running).
+# Polls of the look-back's window without progress before a tile of a compaction gives up
+# and flags the step for the host path (a guard: a tile waits only for tiles already
+# running).
 SPIN_LIMIT = 1 << 22
 # Predecessors' words a tile of the look-back reads at once (one per lane of a warp).
 LOOK_BACK = 32
@@ -121,6 +131,14 @@ if triton is not None:
             return tl.minimum(tl.load(n_ptr), n)
         else:
             return n
+
+    @triton.jit
+    def _past(n, n_ptr, N_PTR: tl.constexpr):
+        # whether a source's count is past its buffer of n (the entries are not all there)
+        if N_PTR:
+            return tl.load(n_ptr) > n
+        else:
+            return n < 0
 
     @triton.jit(do_not_specialize=["n", "slot", "done_ptr", "slot_out", "want_bits", "left",
                                    "mid_rows", "u_bits"])
@@ -159,7 +177,8 @@ if triton is not None:
             tl.store(out_ptr + 2 * progs + pid, 0.0)
         if tl.atomic_add(done_ptr, 1, sem="acq_rel") == progs - 1:
             _fit_stage(out_ptr, progs, board_ptr, t32_ptr, slot, slot_out, want_bits, left,
-                       0, 0, mid_ptr, mid_rows, w, u, pa, u_bits, False, SQUARES, MID, R)
+                       0, 0, mid_ptr, mid_rows, w, u, pa, u_bits, _past(n, n_ptr, N_PTR),
+                       False, SQUARES, MID, R)
 
     @triton.jit
     def _running_offsets(words_ptr, tile, local, SPIN: tl.constexpr):
@@ -205,21 +224,24 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["n", "u_bits", "pa_bits", "pa_slot", "cap_w", "cap_p"])
     def _spec_read_kernel(x_ptr, n, w, u, pa, u_bits, pa_bits, pa_slot, part_ptr, mid_ptr,
-                          words_ptr,
-                          win_ptr, cap_w, pos_ptr, val_ptr, cap_p, totals_ptr, board_ptr,
-                          t32_ptr, SQUARES: tl.constexpr, MID_SQUARES: tl.constexpr,
-                          LOGS: tl.constexpr, BLOCK: tl.constexpr, SPIN: tl.constexpr):
+                          claim_ptr, tiles_ptr, win_ptr, cap_w, pos_ptr, val_ptr, cap_p,
+                          board_ptr, t32_ptr, SQUARES: tl.constexpr,
+                          MID_SQUARES: tl.constexpr, LOGS: tl.constexpr, BLOCK: tl.constexpr):
         # The speculative first read: one pass over acc, one tile of BLOCK per program.
         # - stage 1's partials (gpu._stats_kernel's 7 rows, without extremes, the nonzeros
         #   always: stage 1 fits them alone) and those of z = |x| − u over |x| ≥ u
         #   (count, Σz, Σz²), in column `tile`;
         # - the window w ≤ |x| < u (|x|, for stage 2's fit) and the pool |x| > pa (acc's
-        #   positions and signed values), each compacted in acc's order, at most cap_w /
-        #   cap_p entries (a pool past its buffer is flagged); their sizes into totals;
+        #   positions as int32 and signed values), each tile's in acc's order at a range
+        #   the tile claims with one atomic add on claim_ptr (both counts packed in one
+        #   word, as _BITS-bit fields), so no tile waits for another; the ranges follow
+        #   the order the atomics land in, which _spec_order_kernel then undoes. Each
+        #   tile's packed count and claimed start go into tiles_ptr (2 × programs); at
+        #   most cap_w / cap_p entries are written (a buffer too small is flagged);
         # - pa into `pa_slot` (the pool's bound, for the final check).
         # w, u, pa: float32; u_bits, pa_bits: u and pa as float64 bits.
-        tile = tl.atomic_add(words_ptr, 1)  # int64: the tiles in the order programs start
-        offs = tile * BLOCK + tl.arange(0, BLOCK)
+        tile = tl.program_id(0)
+        offs = tile.to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         inside = offs < n
         x = tl.load(x_ptr + offs, mask=inside, other=0.0)
         a = tl.abs(x)
@@ -233,27 +255,22 @@ if triton is not None:
         hp = hit.to(tl.int32)
         cw = tl.sum(hw, axis=0)
         cp = tl.sum(hp, axis=0)
-        words = (words_ptr + 1).to(tl.pointer_type(tl.uint64))
-        local = (cp.to(tl.uint64) << _BITS) | cw.to(tl.uint64)
-        before, found = _running_offsets(words, tile, local, SPIN)
-        if not found:  # (writes below stay within the buffers; the step is redone)
-            tl.atomic_or(board_ptr, _REDO)
-        start_w = (before & _LOW).to(tl.int64)
-        start_p = (before >> _BITS).to(tl.int64)
+        local = (cp.to(tl.int64) << _BITS) | cw.to(tl.int64)
+        claimed = tl.atomic_add(claim_ptr, local, sem="relaxed")
+        progs = tl.num_programs(0)
+        tl.store(tiles_ptr + tile, local)
+        tl.store(tiles_ptr + progs + tile, claimed)
+        start_w = claimed & _LOW
+        start_p = claimed >> _BITS
         dst = start_w + (tl.cumsum(hw, axis=0) - hw).to(tl.int64)
         tl.store(win_ptr + dst, a, mask=win & (dst < cap_w))
         dst = start_p + (tl.cumsum(hp, axis=0) - hp).to(tl.int64)
         keep = hit & (dst < cap_p)
-        tl.store(pos_ptr + dst, offs, mask=keep)
+        tl.store(pos_ptr + dst, offs.to(tl.int32), mask=keep)  # (n < 2^31)
         tl.store(val_ptr + dst, x, mask=keep)
-        end_w = start_w + cw
-        end_p = start_p + cp
-        if (end_w > cap_w) | (end_p > cap_p):
+        # (a claim past a buffer's end: the total, which the last claim ends at, is past it)
+        if (start_w + cw > cap_w) | (start_p + cp > cap_p):
             tl.atomic_or(board_ptr, _OVERFLOW)
-        progs = tl.num_programs(0)
-        if tile == progs - 1:
-            tl.store(totals_ptr, end_w)
-            tl.store(totals_ptr + 1, end_p)
         if tile == 0:
             tl.store(t32_ptr + pa_slot, pa)
             tl.store(board_ptr + _HEAD + pa_slot, pa_bits.to(tl.int64))
@@ -278,6 +295,42 @@ if triton is not None:
             tl.store(mid_ptr + 2 * progs + tile, tl.sum(z * z, axis=0))
         else:
             tl.store(mid_ptr + 2 * progs + tile, 0.0)
+
+    @triton.jit(do_not_specialize=["cap_w", "cap_p"])
+    def _spec_order_kernel(tiles_ptr, ends_ptr, claim_ptr, win_in, pos_in, val_in, cap_w,
+                           cap_p, win_ptr, pos_ptr, val_ptr, totals_ptr, BLOCK: tl.constexpr):
+        # The speculative read's window and pool put back in acc's order, one program per
+        # tile of the read: its entries move from the range it claimed (tiles_ptr, as
+        # _spec_read_kernel left it) to the one the tiles before it end at (ends_ptr: the
+        # inclusive running sum of the packed counts in tile order), positions widened to
+        # int64. So the output is the same whatever order the claims landed in. Only
+        # entries inside both buffers move (with a buffer too small the read flagged the
+        # step, whose pools are then not used for the selection). Program 0 writes the
+        # totals (window, pool: the sizes before the caps) from the claim counter.
+        tile = tl.program_id(0)
+        progs = tl.num_programs(0)
+        local = tl.load(tiles_ptr + tile)
+        claimed = tl.load(tiles_ptr + progs + tile)
+        start = tl.load(ends_ptr + tile) - local
+        cw = local & _LOW
+        for i0 in range(0, cw, BLOCK):
+            i = i0 + tl.arange(0, BLOCK)
+            src = (claimed & _LOW) + i
+            dst = (start & _LOW) + i
+            move = (i < cw) & (src < cap_w) & (dst < cap_w)
+            tl.store(win_ptr + dst, tl.load(win_in + src, mask=move), mask=move)
+        cp = local >> _BITS
+        for i0 in range(0, cp, BLOCK):
+            i = i0 + tl.arange(0, BLOCK)
+            src = (claimed >> _BITS) + i
+            dst = (start >> _BITS) + i
+            move = (i < cp) & (src < cap_p) & (dst < cap_p)
+            tl.store(pos_ptr + dst, tl.load(pos_in + src, mask=move).to(tl.int64), mask=move)
+            tl.store(val_ptr + dst, tl.load(val_in + src, mask=move), mask=move)
+        if tile == 0:
+            total = tl.load(claim_ptr)
+            tl.store(totals_ptr, total & _LOW)
+            tl.store(totals_ptr + 1, total >> _BITS)
 
     @triton.jit
     def _expm1(x):
@@ -327,11 +380,12 @@ if triton is not None:
         # nonzeros in row 5); ratio_bits: δ, first_bits: δ₁, first_log_bits: ln(1/δ₁), all
         # as float64 bits; `stages`: M
         _fit_stage(part_ptr, rows, board_ptr, t32_ptr, 0, 0, ratio_bits, stages, first_bits,
-                   first_log_bits, part_ptr, rows, 0.0, 0.0, 0.0, 0, True, GP, False, R)
+                   first_log_bits, part_ptr, rows, 0.0, 0.0, 0.0, 0, False, True, GP, False,
+                   R)
 
     @triton.jit
     def _fit_stage(part_ptr, rows, board_ptr, t32_ptr, slot_in, slot_out, want_bits, left,
-                   first_bits, first_log_bits, mid_ptr, mid_rows, w, u, pa, u_bits,
+                   first_bits, first_log_bits, mid_ptr, mid_rows, w, u, pa, u_bits, short,
                    FIRST: tl.constexpr, GP: tl.constexpr, MID: tl.constexpr,
                    R: tl.constexpr):
         # the partials (count, Σy, Σy² rows of `rows` columns) added in program order,
@@ -348,7 +402,10 @@ if triton is not None:
         # MID: stage 2 from the speculative read (_spec_read_kernel): the partials are
         # the window's (w ≤ |x| < u), mid_ptr's those of z = |x| − u over |x| ≥ u; the
         # step is flagged MISS unless w ≤ t < u, the stage fits (it does not stop) and
-        # the new threshold is at least pa (the pool's bound), all as float32
+        # the new threshold is at least pa (the pool's bound), all as float32; never where
+        # the window is `short` (its count past its buffer: the read flagged an overflow,
+        # and which of its entries are there depends on the order the read's tiles
+        # claimed their ranges in, so its fit decides nothing; the host path redoes it)
         cnt, s1, s2 = _add_partials(part_ptr, rows, R)
         want = _f64(want_bits)
         flags = tl.zeros((), tl.int64)
@@ -370,7 +427,7 @@ if triton is not None:
                 s1 = s1 + m1 + mc * d
                 s2 = s2 + m2 + 2 * d * m1 + mc * d * d
                 inside = (t_in >= w) & (u > t_in) & (cnt > 0)
-                flags |= tl.where(inside, 0, _MISS).to(tl.int64)
+                flags |= tl.where(inside | short, 0, _MISS).to(tl.int64)
             stopped = tl.load(board_ptr + _STOP)
             go = (stopped == 0) & (cnt > want)
             n = cnt
@@ -405,7 +462,8 @@ if triton is not None:
             new = tl.where(go, new, t)
             flags = tl.where(go, flags, 0)
             if MID:
-                flags |= tl.where(go & (new.to(tl.float32) >= pa), 0, _MISS).to(tl.int64)
+                fits = go & (new.to(tl.float32) >= pa)
+                flags |= tl.where(fits | short, 0, _MISS).to(tl.int64)
             if (stopped == 0) & (cnt <= want):
                 tl.store(board_ptr + _STOP, _STOP_LATER)
         tl.store(board_ptr + _HEAD + slot_out, new.to(tl.int64, bitcast=True))
@@ -507,8 +565,8 @@ class Stages:
         self.acc, self.capacity, self.slots = acc, capacity, slots
         # The board, zeroed once: the head and thresholds, then one counter per slot (the
         # programs of the stage fitted into it that are done), then the region the passes
-        # that compact take their look-back words and counts from (_lookback): enough for
-        # slots + 1 of them over acc, each region 16-byte aligned.
+        # that compact take their look-back words, claim counters and counts from
+        # (_lookback): enough for slots + 1 of them over acc, each region 16-byte aligned.
         tiles = -(-acc.numel() // min(SPEC_BLOCK, COMPACT_BLOCK))
         head = _even(HEAD + 2 * slots)
         self.board = torch.zeros(head + (slots + 1) * _even(tiles + 4), dtype=torch.int64,
@@ -571,8 +629,8 @@ class Stages:
         Σx² when `squares`, nonzeros and Σ ln|x| when `logs`), the exceedances of `upper`
         (Σz² when `mid_squares`), the window [window, upper) and the pool |x| > pool_above,
         in buffers of `capacity` times the fractions `keep_window` and `keep_pool` expected
-        there (and 4096). pool_above goes into `pa_slot`. acc must hold < SPEC_LIMIT
-        elements."""
+        there (and 4096), in acc's order (_in_order puts back the order of the tiles'
+        claims). pool_above goes into `pa_slot`. acc must hold < SPEC_LIMIT elements."""
         acc, device = self.acc, self.acc.device
         n = acc.numel()
         if n >= SPEC_LIMIT:
@@ -582,19 +640,21 @@ class Stages:
         cap_p = min(n, math.ceil(self.capacity * keep_pool * n) + 4096)
         part = self._partials.take(gpu._STATS, progs)
         mid = self._partials.take(3, progs)
-        words = self._lookback.take(progs + 1)
-        win = torch.empty(cap_w, dtype=acc.dtype, device=device)
-        positions = torch.empty(cap_p, dtype=torch.int64, device=device)
-        values = torch.empty(cap_p, dtype=acc.dtype, device=device)
+        claim = self._lookback.take(1)  # zero: the board is zeroed once
         totals = self._lookback.take(2)
+        tiles = torch.empty((2, progs), dtype=torch.int64, device=device)
+        claimed = (torch.empty(cap_w, dtype=acc.dtype, device=device),
+                   torch.empty(cap_p, dtype=torch.int32, device=device),
+                   torch.empty(cap_p, dtype=acc.dtype, device=device))
         bounds = (_f32(window), _f32(upper), _f32(pool_above))
         _spec_read_kernel[(progs,)](acc, n, *bounds, _f64_bits(bounds[1]),
-                                    _f64_bits(bounds[2]), pa_slot, part, mid, words, win,
-                                    cap_w,
-                                    positions, values, cap_p, totals, self.board, self.t32,
-                                    SQUARES=squares, MID_SQUARES=mid_squares, LOGS=logs,
-                                    BLOCK=SPEC_BLOCK, SPIN=SPIN_LIMIT, num_warps=SPEC_WARPS,
+                                    _f64_bits(bounds[2]), pa_slot, part, mid, claim, tiles,
+                                    claimed[0], cap_w, claimed[1], claimed[2], cap_p,
+                                    self.board, self.t32, SQUARES=squares,
+                                    MID_SQUARES=mid_squares, LOGS=logs, BLOCK=SPEC_BLOCK,
+                                    num_warps=SPEC_WARPS,
                                     maxnreg=SPEC_MAXNREG if logs else None)
+        win, positions, values = _in_order(tiles, claim, claimed, totals)
         return Speculative(part, mid, bounds, Pool(win, None, totals[0:1], cap_w),
                            Pool(values, positions, totals[1:2], cap_p))
 
@@ -662,6 +722,23 @@ class _Region:
             raise RuntimeError(f"Stages: more {self.what} than it was sized for")
         block = self.buffer[at:at + size]
         return block if cols is None else block.view(rows, cols)
+
+
+def _in_order(tiles: torch.Tensor, claim: torch.Tensor, claimed: tuple[torch.Tensor, ...],
+              totals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The speculative read's window, pool positions (int64) and values, in acc's order
+    (_spec_order_kernel), from the ranges its tiles claimed (`tiles`: their packed counts
+    and claimed starts; `claimed`: the buffers as the read wrote them); the totals (the
+    sizes before the caps) into `totals`."""
+    win_in, pos_in, val_in = claimed
+    ends = torch.cumsum(tiles[0], 0)  # packed: neither field carries (each < 2^31)
+    win = torch.empty_like(win_in)
+    positions = torch.empty(pos_in.numel(), dtype=torch.int64, device=pos_in.device)
+    values = torch.empty_like(val_in)
+    _spec_order_kernel[(tiles.shape[1],)](tiles, ends, claim, win_in, pos_in, val_in,
+                                          win.numel(), values.numel(), win, positions, values,
+                                          totals, BLOCK=ORDER_BLOCK, num_warps=ORDER_WARPS)
+    return win, positions, values
 
 
 def _count(src: Pool) -> torch.Tensor:

@@ -771,21 +771,52 @@ def test_sidco_device_speculation_that_misses_is_redone_without_it():
     assert _device(s, grads[3], stage_count, state, 123)[2] is None
 
 
-def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
+def _spec_input(case: str) -> torch.Tensor:
+    """Inputs of the speculative read: Laplace values over several tiles with a ragged last
+    one (two zeros), with whole tiles and a third of the rest exactly zero, within one
+    partial tile, exactly one tile, and all zero."""
+    from compressors.kernels import cuda_sidco as dev
+
+    if case == "laplace":
+        x = _laplace(7 * dev.SPEC_BLOCK + 1234, seed=21)
+        x[100] = x[5000] = 0.0
+    elif case == "zero_tiles":
+        x = _zero_heavy(7 * dev.SPEC_BLOCK + 1234, 1 / 3, seed=22)
+        x[dev.SPEC_BLOCK:3 * dev.SPEC_BLOCK] = 0.0
+        x[-700:] = 0.0
+    elif case == "partial_tile":
+        x = _laplace(13, seed=23)
+    elif case == "one_tile":
+        x = _laplace(dev.SPEC_BLOCK, seed=24)
+    else:
+        x = torch.zeros(5000)
+    return x
+
+
+def _spec_bounds(x: torch.Tensor) -> tuple[float, float, float]:
+    """(window, upper, pool_above) at the 70%, 80% and 93% points of |x|'s magnitudes (some
+    ties across the buffers' edges), and 2^-100 (a float32) where every element is zero."""
+    a = x.abs().sort().values
+    return tuple(max(float(a[int(q * (a.numel() - 1))]), 2.0**-100) for q in (0.70, 0.80, 0.93))
+
+
+@pytest.mark.parametrize("case", ["laplace", "zero_tiles", "partial_tile", "one_tile",
+                                  "all_zero"])
+def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order(case):
     from compressors.kernels import cuda as gpu
     from compressors.kernels import cuda_sidco as dev
 
-    n = 7 * 4096 + 1234
-    x = _laplace(n, seed=21)
-    x[100] = x[5000] = 0.0
+    x = _spec_input(case)
+    n = x.numel()
     a = x.abs()
-    w, u, pa = (float(a.kthvalue(int(q * n)).values) for q in (0.70, 0.80, 0.93))
+    w, u, pa = _spec_bounds(x)
     stages = dev.Stages(x, 3)
     spec = stages.speculate(w, u, pa, pa_slot=2, squares=True, mid_squares=True, logs=True,
                             keep_window=0.1, keep_pool=0.07)
     window = (a >= w) & (a < u)
     pool = torch.nonzero(a > pa).squeeze(1)
     nw, npool = int(window.sum()), pool.numel()
+    assert (nw > 0 and npool > 0) == (case != "all_zero")
     assert spec.window.count.tolist() == [nw] and spec.pool.count.tolist() == [npool]
     assert torch.equal(spec.window.values[:nw], a[window])
     assert torch.equal(spec.pool.positions[:npool], pool)
@@ -794,7 +825,7 @@ def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
     # the sums of z = |x| − u over |x| ≥ u
     want = gpu.stats(x, squares=True, logs=True)
     got = gpu.reduce_stats(spec.part)
-    assert got[0] == want[0] and got[5] == want[5] == n - 2
+    assert got[0] == want[0] == n and got[5] == want[5] == int((x != 0).sum())
     for i in (1, 2, 6):
         assert got[i] == pytest.approx(want[i], rel=1e-12)
     z = a[a >= u].double() - u
@@ -804,58 +835,160 @@ def test_sidco_device_speculative_read_keeps_the_window_and_the_pool_in_order():
     assert float(mid[2]) == pytest.approx(float((z * z).sum()), rel=1e-12)
     flags, _, thresholds = stages.read()
     assert flags == 0 and thresholds[2] == pa  # the pool's bound, for the final check
-    # buffers too small: flagged, with no write past them
+    # buffers too small (when more passes than the 4096 they keep at least): flagged,
+    # with the sizes before the caps
     stages = dev.Stages(x, 3, capacity=0.0)
     spec = stages.speculate(w * 0.5, u, pa * 0.5, pa_slot=2, squares=False,
                             mid_squares=False, logs=False, keep_window=0.0, keep_pool=0.0)
-    assert spec.window.cap == spec.pool.cap == 4096
-    assert stages.read()[0] == dev.FLAG_REDO | dev.FLAG_OVERFLOW
+    assert spec.window.cap == spec.pool.cap == min(n, 4096)
+    counts = (int(((a >= w * 0.5) & (a < u)).sum()), int((a > pa * 0.5).sum()))
+    assert (spec.window.count.tolist(), spec.pool.count.tolist()) == ([counts[0]], [counts[1]])
+    overflow = max(counts) > min(n, 4096)
+    assert overflow == (case in ("laplace", "zero_tiles"))
+    assert stages.read()[0] == (dev.FLAG_REDO | dev.FLAG_OVERFLOW if overflow else 0)
 
 
-def test_sidco_device_speculative_read_gives_up_on_a_silent_tile():
-    # A tile whose predecessor never publishes (here: no program takes tile 0, as the
-    # ticket counter starts at 1) stops waiting after SPIN polls and flags the step for
-    # the host path, instead of hanging; its successors go on from its word.
+def _claims_landed_in(order: torch.Tensor, tiles: torch.Tensor, claimed: tuple):
+    """The speculative read's claims (tiles: packed counts and claimed starts, as
+    _spec_read_kernel leaves them; claimed: the buffers it wrote) as they would be had the
+    tiles claimed their ranges in `order` (on a GPU, the order their atomics land in):
+    each tile's entries moved to its new range. Where a buffer was too small, entries
+    that the reads in both orders do not both hold are NaN (positions -1): garbage."""
+    bits = gpu_sidco._COUNT_BITS
+    low = (1 << bits) - 1
+    local, start = tiles[0], tiles[1]
+    moved = tuple(torch.full_like(b, -1 if b.dtype == torch.int32 else float("nan"))
+                  for b in claimed)
+    fields = ((local & low, start & low, (claimed[0],), (moved[0],)),
+              (local >> bits, start >> bits, claimed[1:], moved[1:]))
+    new_starts = []
+    for counts, starts, sources, targets in fields:
+        new = torch.zeros_like(starts)
+        at = 0
+        for t in order.tolist():
+            c, s0 = int(counts[t]), int(starts[t])
+            new[t] = at
+            for src, dst in zip(sources, targets):
+                m = max(0, min(c, src.numel() - s0, dst.numel() - at))
+                dst[at:at + m] = src[s0:s0 + m]
+            at += c
+        new_starts.append(new)
+    packed = (new_starts[1] << bits) | new_starts[0]
+    return torch.stack([local, packed]), moved
+
+
+def _claims_in_reverse(monkeypatch) -> None:
+    """Every speculative read's tiles claim their ranges last tile first (the interpreter
+    runs the programs in order, so their atomics land in tile order there)."""
+    real = gpu_sidco._in_order
+
+    def reversed_claims(tiles, claim, claimed, totals):
+        order = torch.arange(tiles.shape[1] - 1, -1, -1)
+        moved_tiles, moved = _claims_landed_in(order, tiles, claimed)
+        return real(moved_tiles, claim, moved, totals)
+
+    monkeypatch.setattr(gpu_sidco, "_in_order", reversed_claims)
+
+
+def test_sidco_device_speculative_read_puts_claims_from_any_order_back_in_acc_order():
+    # on a GPU the tiles' atomics land in any order, here in the order the programs run:
+    # the reordering gives the same buffers, bit for bit, for claims in other orders
     from compressors.kernels import cuda_sidco as dev
 
-    n = 4 * dev.SPEC_BLOCK
-    x = _laplace(n, seed=9)
+    x = _spec_input("zero_tiles")
+    a = x.abs()
+    w, u, pa = (dev._f32(b) for b in _spec_bounds(x))
+    n, progs = x.numel(), -(-x.numel() // dev.SPEC_BLOCK)
+    window = a[(a >= w) & (a < u)]
+    pool = torch.nonzero(a > pa).squeeze(1)
     stages = dev.Stages(x, 3)
-    progs = n // dev.SPEC_BLOCK
+    claim = torch.zeros(1, dtype=torch.int64)
+    tiles = torch.empty((2, progs), dtype=torch.int64)
+    claimed = (torch.empty(n), torch.empty(n, dtype=torch.int32), torch.empty(n))
     part = torch.empty((7, progs), dtype=torch.float64)
     mid = torch.empty((3, progs), dtype=torch.float64)
-    words = torch.zeros(progs + 1, dtype=torch.int64)
-    words[0] = 1
-    buffers = [torch.empty(n), torch.empty(n, dtype=torch.int64), torch.empty(n)]
-    totals = torch.zeros(2, dtype=torch.int64)
-    bounds = [float(q) for q in x.abs().quantile(torch.tensor([0.7, 0.8, 0.9]))]
-    dev._spec_read_kernel[(progs - 1,)](
-        x, n, *bounds, dev._f64_bits(bounds[1]), dev._f64_bits(bounds[2]), 2, part, mid,
-        words, buffers[0], n, buffers[1], buffers[2], n, totals, stages.board, stages.t32,
-        SQUARES=False, MID_SQUARES=False, LOGS=False, BLOCK=dev.SPEC_BLOCK, SPIN=8,
-        num_warps=dev.SPEC_WARPS)
-    assert int(stages.board[0]) == dev.FLAG_REDO
-    assert int(words[0]) == progs and int(words[-1]) & 3 == 2  # every tile published
+    dev._spec_read_kernel[(progs,)](
+        x, n, w, u, pa, dev._f64_bits(u), dev._f64_bits(pa), 2, part, mid, claim, tiles,
+        claimed[0], n, claimed[1], claimed[2], n, stages.board, stages.t32, SQUARES=False,
+        MID_SQUARES=False, LOGS=False, BLOCK=dev.SPEC_BLOCK, num_warps=dev.SPEC_WARPS)
+    assert int(stages.board[0]) == 0
+    assert int(claim) == (pool.numel() << dev._COUNT_BITS) | window.numel()
+    g = torch.Generator().manual_seed(5)
+    orders = [torch.arange(progs), torch.arange(progs - 1, -1, -1),
+              torch.randperm(progs, generator=g), torch.randperm(progs, generator=g)]
+    for order in orders:
+        moved_tiles, moved = _claims_landed_in(order, tiles, claimed)
+        assert order.tolist() == list(range(progs)) or not torch.equal(moved_tiles, tiles)
+        totals = torch.full((2,), -1, dtype=torch.int64)
+        win, positions, values = dev._in_order(moved_tiles, claim, moved, totals)
+        assert totals.tolist() == [window.numel(), pool.numel()]
+        assert torch.equal(win[:window.numel()], window)
+        assert positions.dtype == torch.int64 and torch.equal(positions[:pool.numel()], pool)
+        assert torch.equal(values[:pool.numel()], x[pool])
 
 
-def test_sidco_device_speculative_read_flags_nan_and_overflow():
+@pytest.mark.parametrize("claims", ["in_order", "reversed"])
+def test_sidco_device_speculative_read_flags_nan_and_overflow(monkeypatch, claims):
+    # also with the read's tiles claiming their ranges last first: the same selections
+    # and thresholds, bit for bit, and a window past its buffer (its entries then depend
+    # on that order) decides nothing: the host path's selection, more capacity later
     from compressors.kernels.types import NonFinite
 
     s, stage_count, ctx = _sidco("sidco_e", 0.001)
     grads = _growing(123_457, 4, seed=5)
     state = ctx(check_finite=True)
-    assert [_device(s, g, stage_count, state, 123)[2] for g in grads[:3]] == [None, None, True]
+    in_order = []  # the same steps with the claims in tile order
+    if claims == "reversed":
+        in_order_state = ctx()
+        in_order = [_device(s, g, stage_count, in_order_state, 123) for g in grads[:3]]
+        _claims_in_reverse(monkeypatch)
+    steps = [_device(s, g, stage_count, state, 123) for g in grads[:3]]
+    assert [step[2] for step in steps] == [None, None, True]
+    ref, _ = s.select_reference(grads[2], stage_count)
+    assert torch.equal(steps[2][0].indices, ref)
+    for got, want in zip(steps, in_order):
+        assert torch.equal(got[0].indices, want[0].indices)
+        assert torch.equal(got[0].values, want[0].values) and got[1] == want[1]
     bad = grads[3].clone()
     bad[4321] = float("inf")
     with pytest.raises(NonFinite):
         _device(s, bad, stage_count, state, 123)
-    # a pool past its buffer: the host path's selection, and more capacity for later steps
+    # the window and the pool past their buffers: the host path's selection, and more
+    # capacity for later steps
     state.state["pool_capacity"] = 1e-6
     got = _device(s, grads[3], stage_count, state, 123)
     ref, _ = s.select_reference(grads[3], stage_count)
     assert torch.equal(got[0].indices.long(), ref)
     assert got[2] is True  # the guess held; the buffers were too small
     assert state.state["pool_capacity"] == 2e-6
+
+
+def test_sidco_device_stage_two_decides_nothing_from_a_window_past_its_buffer():
+    # the same read with the pool's bound above stage 2's threshold: with the whole
+    # window, stage 2 flags the step MISS (the guess did not hold); with a window past its
+    # buffer (which entries it holds depends on the order the tiles' claims land in) it
+    # flags nothing: the read's overflow sends the step to the host path
+    from compressors.kernels import cuda_sidco as dev
+
+    s, _, _ = _sidco("sidco_e", 0.001)
+    x = _laplace(7 * dev.SPEC_BLOCK + 1234, seed=25)
+    n = x.numel()
+    plain = dev.Stages(x, 3)
+    plain.first(gp=False, ratio=s.ratio, first_ratio=s.first_stage_ratio, stages=3)
+    t1 = plain.read()[2][0]
+    w, u, pa = 0.5 * t1, 1.5 * t1, 0.5 * float(x.abs().max())
+    window = int(((x.abs() >= dev._f32(w)) & (x.abs() < dev._f32(u))).sum())
+    flags = {}
+    for capacity, keep in ((4.0, 0.5), (0.0, 0.0)):
+        stages = dev.Stages(x, 3, capacity)
+        spec = stages.speculate(w, u, pa, pa_slot=2, squares=False, mid_squares=False,
+                                logs=False, keep_window=keep, keep_pool=keep)
+        stages.first(gp=False, ratio=s.ratio, first_ratio=s.first_stage_ratio, stages=3,
+                     spec=spec)
+        stages.second_from(spec, gp=False, wanted=s.ratio * n, left=2)
+        assert (window > spec.window.cap) == (capacity == 0.0)
+        flags[capacity] = stages.read()[0]
+    assert flags == {4.0: dev.FLAG_MISS, 0.0: dev.FLAG_REDO | dev.FLAG_OVERFLOW}
 
 
 def test_sidco_device_stages_check_passes_and_catches_a_wrong_selection(monkeypatch):

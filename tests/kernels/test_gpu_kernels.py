@@ -124,11 +124,14 @@ def _kernel_cases():
          [dict(GP=g, R=gpu_sidco.REDUCE) for g in (False, True)]),
         # n < 2^31 (gpu_sidco.SPEC_LIMIT): n and the capacities are passed as i32
         (gpu_sidco._spec_read_kernel, "x_ptr:*fp32 n:i32 w:fp32 u:fp32 pa:fp32 u_bits:i64 "
-         "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 words_ptr:*i64 "
-         "win_ptr:*fp32 cap_w:i32 pos_ptr:*i64 val_ptr:*fp32 cap_p:i32 totals_ptr:*i64 "
+         "pa_bits:i64 pa_slot:i32 part_ptr:*fp64 mid_ptr:*fp64 claim_ptr:*i64 "
+         "tiles_ptr:*i64 win_ptr:*fp32 cap_w:i32 pos_ptr:*i32 val_ptr:*fp32 cap_p:i32 "
          "board_ptr:*i64 t32_ptr:*fp32",
-         [dict(SQUARES=q, MID_SQUARES=m, LOGS=lg, BLOCK=gpu_sidco.SPEC_BLOCK,
-               SPIN=gpu_sidco.SPIN_LIMIT) for q, m in flags2 for lg in (False, True)]),
+         [dict(SQUARES=q, MID_SQUARES=m, LOGS=lg, BLOCK=gpu_sidco.SPEC_BLOCK)
+          for q, m in flags2 for lg in (False, True)]),
+        (gpu_sidco._spec_order_kernel, "tiles_ptr:*i64 ends_ptr:*i64 claim_ptr:*i64 "
+         "win_in:*fp32 pos_in:*i32 val_in:*fp32 cap_w:i32 cap_p:i32 win_ptr:*fp32 "
+         "pos_ptr:*i64 val_ptr:*fp32 totals_ptr:*i64", [dict(BLOCK=gpu_sidco.ORDER_BLOCK)]),
         (gpu_sidco._compact_kernel, f"{x_n} n_ptr:*i64 t32_ptr:*fp32 slot:i32 "
          "words_ptr:*i64 pos_ptr:*i64 val_ptr:*fp32 map_ptr:*i64 cap:i64 count_ptr:*i64 "
          "board_ptr:*i64 base_slot:i32 base_n_ptr:*i64 base_cap:i64",
@@ -145,6 +148,8 @@ def _launch_options(kernel, constants) -> dict:
     if kernel is gpu_sidco._spec_read_kernel:
         return {"num_warps": gpu_sidco.SPEC_WARPS,
                 **({"maxnreg": gpu_sidco.SPEC_MAXNREG} if constants["LOGS"] else {})}
+    if kernel is gpu_sidco._spec_order_kernel:
+        return {"num_warps": gpu_sidco.ORDER_WARPS}
     if kernel is gpu_sidco._compact_kernel:
         return {"num_warps": gpu_sidco.COMPACT_WARPS}
     return {}
