@@ -156,3 +156,45 @@ def test_hook_decodes_into_the_gradients_without_a_copy():
     finish(outcomes)
     for n, g in named:
         assert torch.equal(g.reshape(-1), expected[n])
+
+
+def _full_size_ops(fn, numel: int) -> list[str]:
+    """The aten ops `fn` runs that return a tensor of `numel` elements (a pass over the
+    whole output)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen: list[str] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            if isinstance(result, torch.Tensor) and result.numel() == numel:
+                seen.append(func.overloadpacket.__name__)
+            return result
+
+    with Record():
+        fn()
+    return seen
+
+
+@pytest.mark.parametrize("pairs", [0, 7, 1000, 2400, 9000])
+def test_the_torch_sparse_mean_divides_only_where_pairs_landed_and_gives_the_same_bits(pairs):
+    """The decode of the sparse families off the CPU (reference.scatter_mean): with few
+    received pairs its only pass over the whole output is the zero fill, and the mean is
+    bit for bit the sum's full-tensor division (repeated indices, three ranks)."""
+    from compressors.kernels import reference
+
+    n, world = 10_000, 3
+    g = torch.Generator().manual_seed(pairs)
+    idx = torch.randint(0, n, (pairs,), generator=g)
+    val = torch.randn(pairs, generator=g)
+    lengths = [pairs // 3, pairs // 3, pairs - 2 * (pairs // 3)]
+    out = torch.full((n,), float("nan"))
+    ops_run = _full_size_ops(lambda: reference.scatter_mean(idx, val, out, world, lengths), n)
+    expected = torch.zeros(n)
+    for i, v in zip(idx.split(lengths), val.split(lengths)):
+        expected.index_add_(0, i, v)
+    expected.div_(world)
+    assert torch.equal(out.view(torch.int32), expected.view(torch.int32))
+    if pairs <= n // 10:  # a sparsifier's payload: ratios of 0.1 and below
+        assert ops_run.count("div_") == 0 and ops_run.count("zero_") == 1, ops_run
