@@ -15,6 +15,7 @@ import torch
 import compressors
 from compressors import Session, drive
 from compressors.kernels import build, cpu, ops
+from repro.testing import with_threads
 
 needs_native = pytest.mark.skipif(not ops.available(),
                                   reason=f"native kernels unavailable: {ops.error()}")
@@ -171,7 +172,7 @@ def test_native_fwht_equals_the_torch_butterflies(monkeypatch, dtype, rows, d):
     g = torch.Generator().manual_seed(d + rows)
     x = torch.randn(rows, d, generator=g, dtype=torch.float64).to(dtype).squeeze(0)
     for normalize in (False, True):
-        expected = _reference(monkeypatch, lambda: fwht_(x.clone(), normalize=normalize))
+        expected = _reference(monkeypatch, lambda n=normalize: fwht_(x.clone(), normalize=n))
         got = fwht_(x.clone(), normalize=normalize)
         # Same butterflies (a + b, (a + b) − 2b) in the same stage order: the same bits.
         assert torch.equal(got, expected), (normalize, (got - expected).abs().max())
@@ -231,6 +232,68 @@ def test_native_path_selects_exactly_what_the_reference_selects(monkeypatch, nam
         assert f.extra.keys() == s.extra.keys()
         for key, value in s.extra.items():
             assert f.extra[key] == pytest.approx(value, rel=1e-12, abs=0), key
+
+
+def _model_gradients() -> dict[str, torch.Tensor]:
+    """The gradients of a small language-model-like network after one backward pass: an
+    embedding whose rows for tokens the batch never holds are exact zeros (most of them:
+    the tokens are drawn from a Zipf-like law), hidden layers behind a ReLU (the columns
+    of units that stayed off are zeros), and a few small tensors (a 10-element bias)."""
+    g = torch.Generator().manual_seed(0)
+    vocab, width, hidden, classes = 6000, 48, 96, 10
+    weights = {"embedding": torch.randn(vocab, width, generator=g) * 0.1,
+               "hidden.weight": torch.randn(hidden, width, generator=g) / width**0.5,
+               "hidden.bias": torch.randn(hidden, generator=g) * 0.1,
+               "out.weight": torch.randn(classes, hidden, generator=g) / hidden**0.5,
+               "out.bias": torch.zeros(classes)}
+    for w in weights.values():
+        w.requires_grad_(True)
+    ranks = torch.arange(1, vocab + 1, dtype=torch.float64)
+    tokens = torch.multinomial(1 / ranks, 64 * 12, replacement=True, generator=g).view(64, 12)
+    labels = torch.randint(0, classes, (64,), generator=g)
+    h = weights["embedding"][tokens].mean(dim=1)
+    h = torch.relu(h @ weights["hidden.weight"].T + weights["hidden.bias"])
+    logits = h @ weights["out.weight"].T + weights["out.bias"]
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    return {name: w.grad.reshape(-1).clone() for name, w in weights.items()}
+
+
+@needs_native
+@pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p", "dragonn"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01])
+def test_model_gradients_select_what_the_reference_selects(monkeypatch, name, ratio):
+    """On a model's gradients (exact zero rows of an embedding, ReLU zeros, a 10-element
+    bias), step after step with every threshold growing by a steady factor (so that from
+    the third step on SIDCo's first read of the embedding is the speculative one at
+    δ = 0.001), the fused kernels on 2 threads send bit for bit the indices and values the
+    pure-torch path sends."""
+    grads = _model_gradients()
+    embedding = grads["embedding"]
+    assert 0.8 < float((embedding == 0).float().mean()) < 0.99  # most rows untouched
+    assert 0 < int((grads["hidden.weight"] == 0).sum()) < grads["hidden.weight"].numel()
+
+    def run() -> list:
+        session = Session(compressors.build(name, ratio=ratio), world_size=1,
+                          feedback="none", seed=3, measure=False)
+        steps = []
+        for step in range(5):
+            outs = [drive([session.exchange(key, g * 1.04**step, step)])[0]
+                    for key, g in grads.items()]
+            speculated = session.states["embedding"]["compressor"].get("speculated")
+            steps.append((outs, speculated))
+        return steps
+
+    fast = with_threads(2, run)
+    slow = _reference(monkeypatch, run)
+    for step, ((f_outs, speculated), (s_outs, _)) in enumerate(zip(fast, slow)):
+        for key, f, s in zip(grads, f_outs, s_outs):
+            assert torch.equal(f.sent.indices, s.sent.indices), (step, key)
+            assert torch.equal(f.sent.values, s.sent.values), (step, key)
+            assert f.sent.indices.numel() > 0, (step, key)
+        if name.startswith("sidco") and ratio == 0.001 and step >= 2:
+            # the embedding's first read speculated (at δ = 0.01 its first two thresholds
+            # lie within the speculation's margins of each other: the plain reads)
+            assert speculated is True, step
 
 
 @needs_native

@@ -1067,58 +1067,69 @@ int64_t block_spec(const float* x, int64_t lo, int64_t hi, float w, float b, flo
     const __m256 wv = _mm256_set1_ps(w), bv = _mm256_set1_ps(b), gv = _mm256_set1_ps(g);
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(INT32_MAX));
     const v4d sh = {shift, shift, shift, shift};
-    __m256i c = _mm256_setzero_si256(), nzv = c;
-    for (; i + 8 <= hi; i += 8) {
+    // Each lane of c counts mid's elements in its low 16 bits and (without LOG) the
+    // nonzeros in its high 16 bits: one accumulator for both (the loop is short of
+    // registers), and a block's lane sees at most BLOCK / 8 elements.
+    static_assert(BLOCK / 8 < (1 << 16), "a lane's counts must fit 16 bits");
+    __m256i c = _mm256_setzero_si256();
+    int64_t kwl = kw;  // (a local: the stores through win may not alias it)
+    while (i + 8 <= hi) {  // one checkpoint's elements at a time
       if (i % CHECKPOINT == 0) checkpoint[i / CHECKPOINT] = static_cast<int32_t>(k);
-      const __m256 xv = _mm256_loadu_ps(x + i);
-      const __m256 a = _mm256_and_ps(xv, absmask);
-      v4d y0, y1;
-      widen8(reinterpret_cast<v8f>(a), y0, y1);
-      s0 += y0;
-      s1 += y1;
-      if (SQA) {
-        q0 += y0 * y0;
-        q1 += y1 * y1;
+      const int64_t stop = std::min(i + CHECKPOINT - i % CHECKPOINT, hi - (hi - i) % 8);
+      uint8_t* byte = bits + (i >> 3);
+      for (; i < stop; i += 8) {
+        // the stream and the window first, so that x's lanes are done with before the
+        // sums need their registers (in the other order the compiler spilled one of them)
+        const __m256 xv = _mm256_loadu_ps(x + i);
+        const __m256 a = _mm256_and_ps(xv, absmask);
+        const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, gv, _CMP_GT_OQ));
+        const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
+        _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(xv, p));
+        *byte++ = static_cast<uint8_t>(m);
+        k += __builtin_popcount(static_cast<unsigned>(m));
+        const __m256 geb = _mm256_cmp_ps(a, bv, _CMP_GE_OQ);
+        const __m256 inwin = _mm256_andnot_ps(geb, _mm256_cmp_ps(a, wv, _CMP_GE_OQ));
+        const int mw = _mm256_movemask_ps(inwin);
+        const __m256i pw =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[mw]));
+        _mm256_storeu_ps(win + kwl, _mm256_permutevar8x32_ps(xv, pw));
+        kwl += __builtin_popcount(static_cast<unsigned>(mw));
+        v4d y0, y1;
+        widen8(reinterpret_cast<v8f>(a), y0, y1);
+        s0 += y0;
+        s1 += y1;
+        if (SQA) {
+          q0 += y0 * y0;
+          q1 += y1 * y1;
+        }
+        const __m256 inmid = geb;
+        c = _mm256_sub_epi32(c, _mm256_castps_si256(inmid));
+        if (!LOG)
+          c = _mm256_sub_epi32(c, _mm256_slli_epi32(_mm256_castps_si256(_mm256_cmp_ps(
+                                      a, _mm256_setzero_ps(), _CMP_GT_OQ)), 16));
+        if (SQ) {  // z = |x| − b where in mid, else 0
+          const __m256i im = _mm256_castps_si256(inmid);
+          const v4l k0 = (v4l)_mm256_cvtepi32_epi64(_mm256_castsi256_si128(im));
+          const v4l k1 = (v4l)_mm256_cvtepi32_epi64(_mm256_extracti128_si256(im, 1));
+          const v4d z0 = (v4d)((v4l)(y0 - sh) & k0), z1 = (v4d)((v4l)(y1 - sh) & k1);
+          m0 += z0;
+          m1 += z1;
+          r0 += z0 * z0;
+          r1 += z1 * z1;
+        } else {  // |x| where in mid, else 0
+          v4d z0, z1;
+          widen8(reinterpret_cast<v8f>(_mm256_and_ps(a, inmid)), z0, z1);
+          m0 += z0;
+          m1 += z1;
+        }
       }
-      const __m256 geb = _mm256_cmp_ps(a, bv, _CMP_GE_OQ);
-      const __m256 gtg = _mm256_cmp_ps(a, gv, _CMP_GT_OQ);
-      const __m256 inmid = geb;
-      c = _mm256_sub_epi32(c, _mm256_castps_si256(inmid));
-      if (!LOG)
-        nzv = _mm256_sub_epi32(
-            nzv, _mm256_castps_si256(_mm256_cmp_ps(a, _mm256_setzero_ps(), _CMP_GT_OQ)));
-      if (SQ) {  // z = |x| − b where in mid, else 0
-        const __m256i im = _mm256_castps_si256(inmid);
-        const v4l k0 = (v4l)_mm256_cvtepi32_epi64(_mm256_castsi256_si128(im));
-        const v4l k1 = (v4l)_mm256_cvtepi32_epi64(_mm256_extracti128_si256(im, 1));
-        const v4d z0 = (v4d)((v4l)(y0 - sh) & k0), z1 = (v4d)((v4l)(y1 - sh) & k1);
-        m0 += z0;
-        m1 += z1;
-        r0 += z0 * z0;
-        r1 += z1 * z1;
-      } else {  // |x| where in mid, else 0
-        v4d z0, z1;
-        widen8(reinterpret_cast<v8f>(_mm256_and_ps(a, inmid)), z0, z1);
-        m0 += z0;
-        m1 += z1;
-      }
-      const __m256 inwin = _mm256_andnot_ps(geb, _mm256_cmp_ps(a, wv, _CMP_GE_OQ));
-      const int mw = _mm256_movemask_ps(inwin);
-      const __m256i pw = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[mw]));
-      _mm256_storeu_ps(win + kw, _mm256_permutevar8x32_ps(xv, pw));
-      kw += __builtin_popcount(static_cast<unsigned>(mw));
-      const int m = _mm256_movemask_ps(gtg);
-      const __m256i p = _mm256_load_si256(reinterpret_cast<const __m256i*>(perm_table.lanes[m]));
-      _mm256_storeu_ps(val + k, _mm256_permutevar8x32_ps(xv, p));
-      bits[i >> 3] = static_cast<uint8_t>(m);
-      k += __builtin_popcount(static_cast<unsigned>(m));
     }
-    alignas(32) int32_t lanes[8], nzl[8];
+    kw = kwl;
+    alignas(32) uint32_t lanes[8];
     _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), c);
-    _mm256_store_si256(reinterpret_cast<__m256i*>(nzl), nzv);
     for (int l = 0; l < 8; ++l) {
-      cnt += lanes[l];
-      nonzero += nzl[l];
+      cnt += lanes[l] & 0xffff;
+      nonzero += lanes[l] >> 16;
     }
   }
 #endif
