@@ -76,7 +76,7 @@ def _deft_under_the_hook(rank: int, world: int, name: str, steps: int):
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["deft", "cltk"])
+@pytest.mark.parametrize("name", ["deft", pytest.param("cltk", marks=pytest.mark.heavy)])
 def test_model_wide_exchange_under_the_ddp_hook(name):
     """DEFT and CLT-k through the public hook on 3 gloo ranks run ONE exchange over the
     whole gradient (their default granularity), so the aggregate's density is δ, not δ
@@ -146,7 +146,7 @@ def test_deft_refuses_per_tensor_exchanges_with_the_reason():
         config_mod.validate(cfg)
 
 
-@pytest.mark.parametrize("workers", [4, 8])
+@pytest.mark.parametrize("workers", [4, pytest.param(8, marks=pytest.mark.heavy)])
 @pytest.mark.slow
 def test_deft_density_in_simulated_training(tmp_path, workers):
     """`repro train` with simulated workers (the DEFT figures' mode) on a ResNet-20 of 23
@@ -346,6 +346,7 @@ def _dgc_warmup_under_the_hook(rank: int, world: int, steps: int):
     return out
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_dgc_warmup_through_the_hook_follows_the_schedule_step_by_step():
     """make(warmup_steps=5, warmup_ratio=0.25): every tensor's k at step s is the one of

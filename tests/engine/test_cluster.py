@@ -52,6 +52,7 @@ def test_launcher_settings_are_hydras():
     assert cluster.launcher_config([]) is None
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_a_smoke_sweep_through_submitit_local(tmp_path):
     from repro import launch

@@ -31,6 +31,7 @@ def _data(rank: int):
 # only: collecting this file then does not import Lightning.
 
 
+@pytest.mark.heavy
 def test_lightning_ddp_strategy_runs_the_hook(tmp_path):
     pl = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
     from ecosystem_lightning import Regression, Report

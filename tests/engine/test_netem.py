@@ -228,7 +228,7 @@ def test_a_run_trains_over_the_emulated_link_and_records_it(tmp_path):
     assert netem.existing_namespaces() == before
 
 
-@pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.distributed
 @needs_netns
 def test_sigterm_to_the_launcher_removes_the_network_and_the_ranks(tmp_path):

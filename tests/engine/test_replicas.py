@@ -307,7 +307,7 @@ def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_fa
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["topk", "deft"])
+@pytest.mark.parametrize("name", ["topk", pytest.param("deft", marks=pytest.mark.heavy)])
 def test_skipped_step_is_as_if_it_never_happened(name):
     """nonfinite='skip': all three ranks skip step 3 (rank 1's gradient is NaN there);
     their parameters and error-feedback residuals then equal, bit for bit, those of a
@@ -438,6 +438,7 @@ def test_a_killed_rank_ends_the_others_naming_it(tmp_path, monkeypatch):
     assert elapsed < 60
 
 
+@pytest.mark.heavy
 @pytest.mark.distributed
 def test_replicas_command_reports_per_compressor(capsys):
     """`repro replicas` (scripts/gpu_check.sh on a GPU): one line per compressor."""
