@@ -260,6 +260,7 @@ def _large_gradient_worker(rank: int, world: int, name: str, scale: float):
 def _faults_worker(rank: int, world: int):
     """The fault scenarios of the tests below in one spawn of three ranks."""
     return {"nan": _nonfinite_workers(rank, world, ["topk", "deft"], "error", 3, None, 6),
+            "never": _nonfinite_workers(rank, world, ["topk", "deft"], "error", None, 3, 6),
             "large": _large_gradient_worker(rank, world, "powersgd", 1e25)}
 
 
@@ -293,6 +294,25 @@ def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank(three_ran
 
 
 @pytest.mark.distributed
+def test_a_caught_nonfinite_error_leaves_every_rank_as_if_the_step_never_happened(
+        three_ranks_faults):
+    """After the NonFiniteGradient of step 3 (rank 1's NaN) is caught and the loop goes on,
+    every rank's parameters and error-feedback residuals equal, bit for bit, those of a
+    run that never trained on step 3's batch: no rank's exchange of that step left
+    anything behind, although every rank had started it before they knew."""
+    for name in ("topk", "deft"):
+        for r in three_ranks_faults:
+            caught, never = r["nan"][name], r["never"][name]
+            assert never["errors"] == []
+            for p, q in zip(caught["params"], never["params"]):
+                assert torch.equal(p, q), name
+            assert caught["residuals"].keys() == never["residuals"].keys(), name
+            assert caught["residuals"], name
+            for key in caught["residuals"]:
+                assert torch.equal(caught["residuals"][key], never["residuals"][key]), (name, key)
+
+
+@pytest.mark.distributed
 def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_faults):
     """Rank 1's gradient is finite but ~1e25 (PowerSGD returned zeros for such a one, Top-k
     overflowed): under nonfinite=error every one of 3 gloo ranks stops with the same
@@ -307,11 +327,12 @@ def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_fa
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["topk", "deft"])
+@pytest.mark.parametrize("name", ["topk", "deft", "dgc", "sidco_e"])
 def test_skipped_step_is_as_if_it_never_happened(name):
     """nonfinite='skip': all three ranks skip step 3 (rank 1's gradient is NaN there);
     their parameters and error-feedback residuals then equal, bit for bit, those of a
-    run that never trained on step 3's batch."""
+    run that never trained on step 3's batch (DGC: its momentum-corrected feedback;
+    SIDCo: its per-tensor stage count, adapted as the exchange selects)."""
     from repro.testing import run_ranks
 
     skipped = run_ranks(_nonfinite_worker, 3, name, "skip", 3, None, 6)
