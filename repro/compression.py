@@ -499,12 +499,13 @@ class WorkerCompression:
     def _with_header(self, item, position: int, kind: int):
         """(the first round `item` with this worker's verdict [position + 1, kind] added,
         read(answer) → (reports as agree's, the answer `item` expects)). It rides on the
-        round's last AllGather (each worker's payload gets HEADER more elements; a
-        batched round's last is its small table of lengths), or failing that its smallest
-        sum or max AllReduce up to SMALL_CARRIER elements (a table of one row per worker,
-        this worker's filled), of a dtype that holds the numbers exactly; else a small
-        AllReduce of the table joins the round. The choice depends on nothing that
-        differs between workers."""
+        round's header gather (AllGather.header: a batched round's table of lengths,
+        which the distributed driver carries in its own size exchange), else its last
+        AllGather (each worker's payload gets HEADER more elements), or failing that
+        its smallest sum or max AllReduce up to SMALL_CARRIER elements (a table of one
+        row per worker, this worker's filled), of a dtype that holds the numbers
+        exactly; else a small AllReduce of the table joins the round. The choice
+        depends on nothing that differs between workers."""
         requests, is_tuple = as_round(item)
         world, rank = self.world_size, self.rank
         verdict = [position + 1, kind]
@@ -515,9 +516,9 @@ class WorkerCompression:
                     or (t.is_floating_point() and t.dtype not in (torch.float32, torch.float64))):
                 continue
             if isinstance(r, AllGather):  # (sizes differ by worker: the choice must not)
-                order = (0, -i)
+                order = (0 if r.header else 1, -i)
             elif isinstance(r, AllReduce) and r.op in ("sum", "max") and t.numel() <= SMALL_CARRIER:
-                order = (1, t.numel())
+                order = (2, t.numel())
             else:
                 continue
             if best is None or order < best[0]:
@@ -537,7 +538,7 @@ class WorkerCompression:
             r = requests[carrier]
             t = r.tensor
             if isinstance(r, AllGather):
-                requests[carrier] = AllGather(torch.cat(
+                requests[carrier] = dataclasses.replace(r, tensor=torch.cat(
                     [t, torch.tensor(verdict, dtype=t.dtype).to(t.device)]))
             else:
                 requests[carrier] = AllReduce(torch.cat([t.reshape(-1), table(t.dtype, t.device)]),
