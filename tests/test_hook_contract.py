@@ -318,13 +318,16 @@ def _count_collectives(rank: int, world: int) -> dict:
         setattr(dist, kind, wrapper)
     out = {}
     for name, params in COUNTED.items():
-        for policy in ("error", "off"):
+        for policy in ("error", "error/folded", "off"):
             torch.manual_seed(0)
             model = Net(frozen=False)
             ddp = DDP(model, bucket_cap_mb=0.005)
             compressor, _, granularity = name.partition("/")
             state, hook = repro.hooks.make(compressor, granularity=granularity or "default",
-                                           model=ddp, nonfinite=policy, **params)
+                                           model=ddp, nonfinite=policy.partition("/")[0],
+                                           **params)
+            if policy.endswith("/folded"):  # as off the CPU, where it is cheaper
+                state.fold_agreement = True
             buckets = [0]
 
             def counted_hook(st, bucket, _hook=hook, _buckets=buckets):
@@ -354,20 +357,28 @@ def collectives_per_step():
 @pytest.mark.parametrize("name", COUNTED)
 def test_the_finiteness_agreement_costs_no_collective(collectives_per_step, name):
     """Through the DDP hook on 3 gloo ranks, with several buckets: a step under
-    nonfinite='error' issues exactly the collectives of the same step without any check
-    (nonfinite='off'): the agreement rides on the exchange's first collective instead of
-    a small allreduce of its own per exchange."""
+    nonfinite='error' with the agreement folded (fold_agreement, as off the CPU) issues
+    exactly the collectives of the same step without any check (nonfinite='off'): the
+    verdicts ride on the exchange's first collective instead of a small allreduce of
+    their own per exchange. On the CPU the hook folds it where no error feedback has to
+    be staged apart (`none`); elsewhere it keeps that one allreduce per exchange."""
+    folded = collectives_per_step[(name, "error/folded")]
     checked = collectives_per_step[(name, "error")]
     unchecked = collectives_per_step[(name, "off")]
-    assert checked["buckets"] == unchecked["buckets"] >= 3 * 3  # several buckets, 3 steps
-    assert checked["collectives"] == unchecked["collectives"], (name, checked, unchecked)
+    assert folded["buckets"] == unchecked["buckets"] >= 3 * 3  # several buckets, 3 steps
+    assert folded["collectives"] == unchecked["collectives"], (name, folded, unchecked)
+    exchanges = 3 if name == "deft" else unchecked["buckets"]  # one per step, or per bucket
+    extra = 0 if name == "none" else exchanges
+    expected = dict(unchecked["collectives"])
+    expected["all_reduce"] = expected.get("all_reduce", 0) + extra
+    assert checked["collectives"] == {k: v for k, v in expected.items() if v}, name
 
 
 def test_a_sparse_bucket_exchange_is_one_round_of_three_allgathers(collectives_per_step):
-    """Sparsifiers over each parameter of a bucket, and over the bucket as one tensor: per
-    bucket, one round of three allgathers (the indices, the values, and one small table
-    of every payload's size, each parameter's share of them and the finiteness verdicts),
-    and no allreduce at all."""
+    """Sparsifiers over each parameter of a bucket, and over the bucket as one tensor, the
+    finiteness agreement folded: per bucket, one round of three allgathers (the indices,
+    the values, and one small table of every payload's size, each parameter's share of
+    them and the finiteness verdicts), and no allreduce at all."""
     for name in ("topk", "dgc", "sidco_e", "topk/bucket"):
-        counted = collectives_per_step[(name, "error")]
+        counted = collectives_per_step[(name, "error/folded")]
         assert counted["collectives"] == {"all_gather": 3 * counted["buckets"]}, name

@@ -187,7 +187,10 @@ def _nonfinite_worker(rank: int, world: int, name: str, policy: str, bad_step: i
 
     model = _mlp()
     ddp = DDP(model, bucket_cap_mb=0.005)
-    state, hook = repro.hooks.make(name, ratio=0.1, model=ddp, nonfinite=policy)
+    compressor, _, how = name.partition("/")
+    state, hook = repro.hooks.make(compressor, ratio=0.1, model=ddp, nonfinite=policy)
+    if how == "folded":  # the agreement rides on the exchange, as off the CPU
+        state.fold_agreement = True
     ddp.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     skipped, errors = [], []
@@ -259,8 +262,9 @@ def _large_gradient_worker(rank: int, world: int, name: str, scale: float):
 
 def _faults_worker(rank: int, world: int):
     """The fault scenarios of the tests below in one spawn of three ranks."""
-    return {"nan": _nonfinite_workers(rank, world, ["topk", "deft"], "error", 3, None, 6),
-            "never": _nonfinite_workers(rank, world, ["topk", "deft"], "error", None, 3, 6),
+    names = ["topk", "deft", "topk/folded", "deft/folded"]
+    return {"nan": _nonfinite_workers(rank, world, names, "error", 3, None, 6),
+            "never": _nonfinite_workers(rank, world, names, "error", None, 3, 6),
             "large": _large_gradient_worker(rank, world, "powersgd", 1e25)}
 
 
@@ -277,8 +281,9 @@ def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank(three_ran
     raises NonFiniteGradient itself (not DDP's RuntimeError around it), naming the step,
     the tensor and the rank, with the gradients zeroed; the loop that catches it goes on
     training, and the replicas stay identical. topk exchanges bucket by bucket, deft
-    holds the buckets for one exchange of the whole gradient."""
-    for name in ("topk", "deft"):
+    holds the buckets for one exchange of the whole gradient; /folded: the agreement
+    rides on the exchange (fold_agreement)."""
+    for name in ("topk", "deft", "topk/folded", "deft/folded"):
         out = [r["nan"][name] for r in three_ranks_faults]
         messages = set()
         for r in out:
@@ -299,8 +304,8 @@ def test_a_caught_nonfinite_error_leaves_every_rank_as_if_the_step_never_happene
     """After the NonFiniteGradient of step 3 (rank 1's NaN) is caught and the loop goes on,
     every rank's parameters and error-feedback residuals equal, bit for bit, those of a
     run that never trained on step 3's batch: no rank's exchange of that step left
-    anything behind, although every rank had started it before they knew."""
-    for name in ("topk", "deft"):
+    anything behind (/folded: although every rank had started it before they knew)."""
+    for name in ("topk", "deft", "topk/folded", "deft/folded"):
         for r in three_ranks_faults:
             caught, never = r["nan"][name], r["never"][name]
             assert never["errors"] == []
@@ -327,12 +332,14 @@ def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_fa
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["topk", "deft", "dgc", "sidco_e"])
+@pytest.mark.parametrize("name", ["topk", "deft", "topk/folded", "dgc/folded",
+                                  "sidco_e/folded"])
 def test_skipped_step_is_as_if_it_never_happened(name):
     """nonfinite='skip': all three ranks skip step 3 (rank 1's gradient is NaN there);
     their parameters and error-feedback residuals then equal, bit for bit, those of a
-    run that never trained on step 3's batch (DGC: its momentum-corrected feedback;
-    SIDCo: its per-tensor stage count, adapted as the exchange selects)."""
+    run that never trained on step 3's batch. /folded: the agreement rides on the
+    exchange, which every rank has started before they know (fold_agreement; DGC: its
+    momentum-corrected feedback; SIDCo: its stage count, adapted as it selects)."""
     from repro.testing import run_ranks
 
     skipped = run_ranks(_nonfinite_worker, 3, name, "skip", 3, None, 6)
