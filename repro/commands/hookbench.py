@@ -45,8 +45,8 @@ def add_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=5, help="untimed steps per arm (default: %(default)s)")
     p.add_argument("--granularity", choices=("default", "layer", "bucket", "model"),
                    default="default",
-                   help="hook granularity: the compressor's paper's setting, per parameter, per "
-                   "DDP bucket, or the whole gradient as one exchange (default: %(default)s)")
+                   help="hook granularity, the compressor's paper's setting unless given: per "
+                   "parameter (layer), per DDP bucket, or the whole gradient as one exchange")
     p.add_argument("--counts", action="store_true",
                    help="also count collectives, host reads and thread hops per step")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: %(default)s)")
