@@ -2,16 +2,24 @@
 
 acc = compensate(grad); the compressor sends C(acc); update(acc, sent) keeps
 residual = acc − sent. Buffers are allocated once per tensor and updated in place.
+
+`stage` is compensate for an exchange the workers may still call off (a speculative
+one, compressors.session.Speculation): the same values, written apart from the state
+(into `spare` buffers), the new buffers returned to be committed once it went ahead.
 """
 
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from compressors.base import Sent, SparseSent
+
+# spare(key, like): a buffer shaped like `like` for a staged value of state[key]
+Spare = Callable[[str, torch.Tensor], torch.Tensor]
 
 
 class ErrorFeedback(abc.ABC):
@@ -35,6 +43,14 @@ class ErrorFeedback(abc.ABC):
     def check(self, compressor: Any) -> None:
         """Raise if this feedback cannot work with the compressor."""
 
+    def stage(self, grad: torch.Tensor, state: dict[str, Any],
+              spare: Spare) -> tuple[torch.Tensor, dict[str, torch.Tensor]] | None:
+        """compensate without touching `state`: (acc, the buffers that replace state's
+        once the exchange goes ahead), bit for bit what compensate computes; `spare(key,
+        like)` gives a buffer like `like` to write into (a former one of `state[key]`).
+        None where this feedback cannot (the caller then agrees before compensating)."""
+        return None
+
 
 class NoFeedback(ErrorFeedback):
     """Nothing is kept: for exact compressors and the ones their papers run without EF."""
@@ -48,6 +64,9 @@ class NoFeedback(ErrorFeedback):
     def update(self, acc, sent, state):
         pass
 
+    def stage(self, grad, state, spare):
+        return grad, {}
+
 
 class Residual(ErrorFeedback):
     """Plain residual memory: residual ← acc − sent, acc = grad + residual."""
@@ -60,6 +79,14 @@ class Residual(ErrorFeedback):
             residual = state["residual"] = grad.clone()
             return residual
         return residual.add_(grad)
+
+    def stage(self, grad, state, spare):
+        residual = state.get("residual")
+        if residual is None or residual.shape != grad.shape or residual.dtype != grad.dtype:
+            acc = grad.clone()
+        else:  # residual + grad, as compensate's add_, written apart
+            acc = torch.add(residual, grad, out=spare("residual", residual))
+        return acc, {"residual": acc}
 
     def update(self, acc, sent, state):
         # acc IS state["residual"] (compensate returned it): subtracting in place leaves
@@ -115,6 +142,30 @@ class MomentumCorrection(ErrorFeedback):
             return velocity.add_(u).add_(grad)
         u.mul_(self.momentum).add_(grad)
         return velocity.add_(u)
+
+    def stage(self, grad, state, spare):
+        u = state.get("momentum")
+        if u is None or u.shape != grad.shape or u.dtype != grad.dtype:
+            fresh: dict[str, Any] = {}
+            velocity = self.compensate(grad, fresh)  # new buffers only
+            return velocity, fresh
+        velocity = state.get("velocity")
+        # The same operations as compensate's, in the same order, written apart.
+        new_velocity = (torch.zeros_like(grad) if velocity is None
+                        else spare("velocity", velocity))
+        if self.nesterov:
+            new_u = torch.add(u, grad, out=spare("momentum", u)).mul_(self.momentum)
+            if velocity is None:
+                acc = new_velocity.add_(new_u).add_(grad)
+            else:
+                acc = torch.add(velocity, new_u, out=new_velocity).add_(grad)
+        else:
+            new_u = torch.mul(u, self.momentum, out=spare("momentum", u)).add_(grad)
+            if velocity is None:
+                acc = new_velocity.add_(new_u)
+            else:
+                acc = torch.add(velocity, new_u, out=new_velocity)
+        return acc, {"momentum": new_u, "velocity": acc}
 
     def update(self, acc, sent, state):
         if not isinstance(sent, SparseSent):

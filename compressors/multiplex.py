@@ -6,7 +6,8 @@ cost dozens of small collectives. `multiplex` advances all of a worker's per-ten
 generators together and merges each round's requests: every AllReduce with the same op
 and dtype becomes one AllReduce of the concatenation, every AllGather of one dtype one
 AllGather (plus one tiny AllGather of the per-tensor lengths, so each rank's
-concatenation can be split back), every Broadcast with the same source and dtype one
+concatenation can be split back, a header the driver may carry in its own size
+exchange), every Broadcast with the same source and dtype one
 Broadcast. Answers are split and handed back with the usual in-place semantics.
 
 Generators may have different numbers of rounds (PowerSGD sends vectors in one round,
@@ -86,7 +87,7 @@ def _merged_round(rounds: list[tuple[Request, ...]]) -> Generator[Any, Any, list
             [r.tensor.numel() for k in gather_keys for _, _, r in groups[k]],
             dtype=torch.int64, device=device,
         )
-        merged.append(AllGather(lengths))
+        merged.append(AllGather(lengths, header=True))
 
     got = yield tuple(merged)
 

@@ -27,9 +27,15 @@ class AllReduce:
 
 @dataclass(frozen=True)
 class AllGather:
-    """Every rank's 1-D tensor, in rank order. Lengths may differ between ranks."""
+    """Every rank's 1-D tensor, in rank order. Lengths may differ between ranks.
+
+    header: a small int64 table of the same length on every rank (a round's metadata,
+    such as the lengths of the payloads batched into its other gathers): a driver that
+    learns the round's payload sizes in a collective of its own first (padding unequal
+    lengths) may carry it in that collective instead of a collective of its own."""
 
     tensor: torch.Tensor
+    header: bool = False
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,27 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+class Speculation:
+    """Exchanges started before the workers know whether they will keep them: a caller
+    that learns only from an exchange's first collective whether every worker's gradient
+    was finite (repro.compression folds that agreement into it) gives each Session
+    exchange of it one Speculation. Such an exchange writes its error feedback apart
+    (ErrorFeedback.stage) and commits it once it has finished; until then abandon() puts
+    back its compressor state and random stream as they were before it began, and the
+    caller closes the exchanges unfinished: the workers are left as if it never ran."""
+
+    def __init__(self) -> None:
+        self._undo: list = []
+
+    def on_abandon(self, undo) -> None:
+        self._undo.append(undo)
+
+    def abandon(self) -> None:
+        undo, self._undo = self._undo, []
+        for fn in reversed(undo):
+            fn()
+
+
 class Session:
     """One worker: compressor + error feedback + per-tensor state + RNG."""
 
@@ -166,6 +187,7 @@ class Session:
         writable: bool = False,
         finite_checked: bool = False,
         out: torch.Tensor | None = None,
+        speculation: Speculation | None = None,
     ) -> Exchange[Outcome]:
         """Run one step for one tensor. Yields the compressor's requests unchanged and
         returns its Outcome with bytes and timings filled in. `writable=True` lets the
@@ -178,7 +200,8 @@ class Session:
         flat) instead of allocating one per step; the others leave it alone. Without
         error feedback the tensor being compressed is `grad` itself, so `out` may be its
         memory: protocols write it only after their last read of it (Context.out), and
-        a dense allreduce (`none`) then reduces it in place."""
+        a dense allreduce (`none`) then reduces it in place. `speculation`: the caller may
+        still call the exchange off after its first collective (Speculation)."""
         # The NaN/Inf check is one read of the gradient. Where nothing is written before
         # the compressor runs (no error feedback) and the compressor finds non-finite
         # values in its own first read of acc, that read does it (ctx.check_finite);
@@ -204,7 +227,11 @@ class Session:
         created = name not in self.states
         st = self.state(name)
         t0 = time.perf_counter()
-        acc = self.feedback.compensate(flat, st["feedback"])
+        staged = None
+        if speculation is None:
+            acc = self.feedback.compensate(flat, st["feedback"])
+        else:
+            acc, staged = self._speculate(name, flat, st, created, speculation)
         ctx = Context(
             rank=self.rank,
             world_size=self.world_size,
@@ -257,6 +284,8 @@ class Session:
                 f"{type(self.compressor).__name__}.protocol returned {type(outcome).__name__}, "
                 "expected Outcome"
             )
+        if staged:
+            self._commit(name, st["feedback"], staged)
         self.feedback.update(acc, outcome.sent, st["feedback"])
         segments.append(time.perf_counter() - t0)
         outcome.bytes_sent = nbytes
@@ -265,6 +294,59 @@ class Session:
         outcome.encode_s = sum(segments[:-1])
         outcome.decode_s = segments[-1]
         return outcome
+
+    def _speculate(self, name: str, flat: torch.Tensor, st: dict, created: bool,
+                   speculation: Speculation):
+        """(acc, staged feedback) for an exchange the caller may call off; registers the
+        undo of what the protocol may change before its first collective: the
+        compressor state (its tensors copied: some are updated in place) and the random
+        stream."""
+        staged = self.feedback.stage(flat, st["feedback"], self._spare(name, flat.device))
+        if staged is None:
+            raise ValueError(f"{type(self.feedback).__name__} cannot stage its error feedback "
+                             "apart (ErrorFeedback.stage): exchange without a speculation")
+        generator = self.generator(flat.device)
+        rng = generator.get_state()
+        kept = {k: v.clone() if isinstance(v, torch.Tensor) else v
+                for k, v in st["compressor"].items()}
+
+        def undo() -> None:
+            generator.set_state(rng)
+            if created:
+                self.states.pop(name, None)
+                self.workspaces.pop(name, None)
+            else:
+                st["compressor"].clear()
+                st["compressor"].update(kept)
+
+        speculation.on_abandon(undo)
+        return staged
+
+    def _spare(self, name: str, device: torch.device):
+        """spare(key, like) for ErrorFeedback.stage: on the CPU the buffer that held
+        state[key] before the last commit (a fresh large CPU tensor costs a page fault
+        per 4 KiB on first touch), elsewhere a new one (caching allocators reuse)."""
+        pool = self.workspaces.setdefault(name, {})
+
+        def spare(key: str, like: torch.Tensor) -> torch.Tensor:
+            if like.device.type != "cpu":
+                return torch.empty_like(like)
+            buf = pool.pop(f"feedback:{key}", None)
+            if buf is None or buf.shape != like.shape or buf.dtype != like.dtype:
+                buf = torch.empty_like(like)
+            return buf
+        return spare
+
+    def _commit(self, name: str, feedback_state: dict, staged: dict) -> None:
+        """The staged feedback becomes the state; on the CPU the buffers it replaces are
+        kept as the next step's spares."""
+        pool = self.workspaces.setdefault(name, {})
+        for key, buf in staged.items():
+            old = feedback_state.get(key)
+            if (isinstance(old, torch.Tensor) and old.device.type == "cpu"
+                    and old is not buf):
+                pool[f"feedback:{key}"] = old
+            feedback_state[key] = buf
 
     # Checkpointing (model-independent): every tensor of every state, by name.
     def state_dict(self) -> dict[str, Any]:

@@ -11,7 +11,9 @@ thread, as DDP intends.
 
 Within a round, requests are issued asynchronously in order and then waited on. Unequal
 AllGather lengths (threshold sparsifiers) are handled by gathering all of the round's
-lengths in one small collective, padding to the longest, gathering, and trimming.
+lengths in one small collective, padding to the longest, gathering, and trimming; that
+collective also carries the round's header gathers (AllGather.header: the lengths of
+batched payloads, the workers' finiteness verdicts), which need none of their own.
 
 A rank joins the process group (`init_distributed`), from torchrun's environment or
 spawn's arguments, and dies with the process that started it (`die_with_parent`). Its
@@ -66,23 +68,44 @@ def _run_round(requests: tuple[Request, ...], group) -> list[Any]:
         comm_clock.add(time.perf_counter() - t0)
 
 
+def _is_header(r: Request) -> bool:
+    return isinstance(r, AllGather) and r.header and r.tensor.dtype == torch.int64
+
+
 def _issue_and_wait(requests: tuple[Request, ...], group) -> list[Any]:
     world = dist.get_world_size(group)
-    gathers = [r for r in requests if isinstance(r, AllGather)]
+    gathers = [r for r in requests if isinstance(r, AllGather) and not _is_header(r)]
+    headers = [r for r in requests if _is_header(r)]
     lengths: list[list[int]] = []
-    if gathers:
-        device = gathers[0].tensor.device
-        local = torch.tensor([r.tensor.numel() for r in gathers], dtype=torch.int64, device=device)
+    carried: dict[int, list[torch.Tensor]] = {}
+    if gathers or headers:
+        # One collective for the round's metadata: each payload's length (the payloads
+        # are padded to the longest) and the header gathers (AllGather.header), whose
+        # answers are then read from the host copy of the table.
+        device = (gathers or headers)[0].tensor.device
+        local = torch.cat([
+            torch.tensor([r.tensor.numel() for r in gathers], dtype=torch.int64),
+            *(r.tensor.reshape(-1).cpu() for r in headers)]).to(device)
         every = [torch.empty_like(local) for _ in range(world)]
         dist.all_gather(every, local, group=group)
-        table = torch.stack(every).cpu().tolist()  # [rank][request]
-        lengths = [[table[rank][j] for rank in range(world)] for j in range(len(gathers))]
+        table = torch.stack(every).cpu()  # [rank][payload length..., header...]
+        n = len(gathers)
+        sizes = table[:, :n].tolist()
+        lengths = [[sizes[rank][j] for rank in range(world)] for j in range(n)]
+        offset = n
+        for r in headers:
+            k = r.tensor.numel()
+            carried[id(r)] = list(table[:, offset: offset + k].unbind(0))
+            offset += k
 
     works = []
     finishers = []
     g = 0
     for r in requests:
-        if isinstance(r, AllReduce):
+        rows = carried.get(id(r))
+        if rows is not None:
+            finishers.append(lambda rows=rows: rows)
+        elif isinstance(r, AllReduce):
             works.append(dist.all_reduce(r.tensor, op=_OPS[r.op], group=group, async_op=True))
             finishers.append(lambda r=r: r.tensor)
         elif isinstance(r, Broadcast):

@@ -283,3 +283,102 @@ def test_a_users_torchrun_script_with_a_branch_unused_on_some_steps(tmp_path):
         assert "contains NaN on rank 1" in run["caught"][0]["message"]
         assert len(run["losses"]) == 3
     assert len({run["params"] for run in nan}) == 1
+
+
+# -- the collectives a step issues ---------------------------------------------------------
+
+# name (or name/granularity) → the compressor's parameters: one per exchange pattern
+# (dense allreduce, sparse allgather with fixed and with data-dependent sizes, THC's
+# max-norm round, PowerSGD's two rounds, one exchange per DDP bucket, one of the whole
+# model held until the last bucket).
+COUNTED = {"none": {}, "topk": {"ratio": 0.05}, "dgc": {"ratio": 0.05},
+           "sidco_e": {"ratio": 0.05}, "thc": {}, "powersgd": {}, "topk/bucket": {"ratio": 0.05},
+           "deft": {"ratio": 0.05}}
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "broadcast")
+
+
+def _count_collectives(rank: int, world: int) -> dict:
+    """Per (compressor, nonfinite policy): the collectives of each kind that torch.distributed
+    was asked for in 3 steps of a DDP model with several buckets, after the first step
+    (DDP rebuilds its buckets there), and the hook calls (buckets) in them."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import repro.hooks
+
+    counts: dict[str, int] = {}
+    counting = [False]
+    for kind in COLLECTIVES:
+        real = getattr(dist, kind)
+
+        def wrapper(*args, _real=real, _kind=kind, **kwargs):
+            if counting[0]:
+                counts[_kind] = counts.get(_kind, 0) + 1
+            return _real(*args, **kwargs)
+        setattr(dist, kind, wrapper)
+    out = {}
+    for name, params in COUNTED.items():
+        for policy in ("error", "error/folded", "off"):
+            torch.manual_seed(0)
+            model = Net(frozen=False)
+            ddp = DDP(model, bucket_cap_mb=0.005)
+            compressor, _, granularity = name.partition("/")
+            state, hook = repro.hooks.make(compressor, granularity=granularity or "default",
+                                           model=ddp, nonfinite=policy.partition("/")[0],
+                                           **params)
+            if policy.endswith("/folded"):  # as off the CPU, where it is cheaper
+                state.fold_agreement = True
+            buckets = [0]
+
+            def counted_hook(st, bucket, _hook=hook, _buckets=buckets):
+                if counting[0]:
+                    _buckets[0] += 1
+                return _hook(st, bucket)
+
+            ddp.register_comm_hook(state, counted_hook)
+            counts.clear()
+            for step in range(4):
+                counting[0] = step > 0
+                g = torch.Generator().manual_seed(1000 * step + rank)
+                x, y = torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)
+                ((ddp(x) - y) ** 2).mean().backward()
+            counting[0] = False
+            out[(name, policy)] = {"collectives": dict(counts), "buckets": buckets[0]}
+    return out
+
+
+@pytest.fixture(scope="module")
+def collectives_per_step():
+    results = run_ranks(_count_collectives, WORKERS, timeout=180)
+    assert all(r == results[0] for r in results[1:]), "the ranks issued different collectives"
+    return results[0]
+
+
+@pytest.mark.parametrize("name", COUNTED)
+def test_the_finiteness_agreement_costs_no_collective(collectives_per_step, name):
+    """Through the DDP hook on 3 gloo ranks, with several buckets: a step under
+    nonfinite='error' with the agreement folded (fold_agreement, as off the CPU) issues
+    exactly the collectives of the same step without any check (nonfinite='off'): the
+    verdicts ride on the exchange's first collective instead of a small allreduce of
+    their own per exchange. On the CPU the hook folds it where no error feedback has to
+    be staged apart (`none`); elsewhere it keeps that one allreduce per exchange."""
+    folded = collectives_per_step[(name, "error/folded")]
+    checked = collectives_per_step[(name, "error")]
+    unchecked = collectives_per_step[(name, "off")]
+    assert folded["buckets"] == unchecked["buckets"] >= 3 * 3  # several buckets, 3 steps
+    assert folded["collectives"] == unchecked["collectives"], (name, folded, unchecked)
+    exchanges = 3 if name == "deft" else unchecked["buckets"]  # one per step, or per bucket
+    extra = 0 if name == "none" else exchanges
+    expected = dict(unchecked["collectives"])
+    expected["all_reduce"] = expected.get("all_reduce", 0) + extra
+    assert checked["collectives"] == {k: v for k, v in expected.items() if v}, name
+
+
+def test_a_sparse_bucket_exchange_is_one_round_of_three_allgathers(collectives_per_step):
+    """Sparsifiers over each parameter of a bucket, and over the bucket as one tensor, the
+    finiteness agreement folded: per bucket, one round of three allgathers (the indices,
+    the values, and one small table of every payload's size, each parameter's share of
+    them and the finiteness verdicts), and no allreduce at all."""
+    for name in ("topk", "dgc", "sidco_e", "topk/bucket"):
+        counted = collectives_per_step[(name, "error/folded")]
+        assert counted["collectives"] == {"all_gather": 3 * counted["buckets"]}, name

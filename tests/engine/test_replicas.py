@@ -187,7 +187,10 @@ def _nonfinite_worker(rank: int, world: int, name: str, policy: str, bad_step: i
 
     model = _mlp()
     ddp = DDP(model, bucket_cap_mb=0.005)
-    state, hook = repro.hooks.make(name, ratio=0.1, model=ddp, nonfinite=policy)
+    compressor, _, how = name.partition("/")
+    state, hook = repro.hooks.make(compressor, ratio=0.1, model=ddp, nonfinite=policy)
+    if how == "folded":  # the agreement rides on the exchange, as off the CPU
+        state.fold_agreement = True
     ddp.register_comm_hook(state, hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     skipped, errors = [], []
@@ -259,7 +262,9 @@ def _large_gradient_worker(rank: int, world: int, name: str, scale: float):
 
 def _faults_worker(rank: int, world: int):
     """The fault scenarios of the tests below in one spawn of three ranks."""
-    return {"nan": _nonfinite_workers(rank, world, ["topk", "deft"], "error", 3, None, 6),
+    names = ["topk", "deft", "topk/folded", "deft/folded"]
+    return {"nan": _nonfinite_workers(rank, world, names, "error", 3, None, 6),
+            "never": _nonfinite_workers(rank, world, names, "error", None, 3, 6),
             "large": _large_gradient_worker(rank, world, "powersgd", 1e25)}
 
 
@@ -276,8 +281,9 @@ def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank(three_ran
     raises NonFiniteGradient itself (not DDP's RuntimeError around it), naming the step,
     the tensor and the rank, with the gradients zeroed; the loop that catches it goes on
     training, and the replicas stay identical. topk exchanges bucket by bucket, deft
-    holds the buckets for one exchange of the whole gradient."""
-    for name in ("topk", "deft"):
+    holds the buckets for one exchange of the whole gradient; /folded: the agreement
+    rides on the exchange (fold_agreement)."""
+    for name in ("topk", "deft", "topk/folded", "deft/folded"):
         out = [r["nan"][name] for r in three_ranks_faults]
         messages = set()
         for r in out:
@@ -290,6 +296,25 @@ def test_nan_on_one_rank_raises_the_same_catchable_error_on_every_rank(three_ran
         for r in out[1:]:
             for p, q in zip(r["params"], out[0]["params"]):
                 assert torch.equal(p, q), name
+
+
+@pytest.mark.distributed
+def test_a_caught_nonfinite_error_leaves_every_rank_as_if_the_step_never_happened(
+        three_ranks_faults):
+    """After the NonFiniteGradient of step 3 (rank 1's NaN) is caught and the loop goes on,
+    every rank's parameters and error-feedback residuals equal, bit for bit, those of a
+    run that never trained on step 3's batch: no rank's exchange of that step left
+    anything behind (/folded: although every rank had started it before they knew)."""
+    for name in ("topk", "deft", "topk/folded", "deft/folded"):
+        for r in three_ranks_faults:
+            caught, never = r["nan"][name], r["never"][name]
+            assert never["errors"] == []
+            for p, q in zip(caught["params"], never["params"]):
+                assert torch.equal(p, q), name
+            assert caught["residuals"].keys() == never["residuals"].keys(), name
+            assert caught["residuals"], name
+            for key in caught["residuals"]:
+                assert torch.equal(caught["residuals"][key], never["residuals"][key]), (name, key)
 
 
 @pytest.mark.distributed
@@ -307,11 +332,15 @@ def test_gradients_too_large_to_compress_are_caught_on_every_rank(three_ranks_fa
 
 
 @pytest.mark.distributed
-@pytest.mark.parametrize("name", ["topk", pytest.param("deft", marks=pytest.mark.heavy)])
+@pytest.mark.parametrize("name", ["topk", "topk/folded",
+                                  *(pytest.param(n, marks=pytest.mark.heavy)
+                                    for n in ("deft", "dgc/folded", "sidco_e/folded"))])
 def test_skipped_step_is_as_if_it_never_happened(name):
     """nonfinite='skip': all three ranks skip step 3 (rank 1's gradient is NaN there);
     their parameters and error-feedback residuals then equal, bit for bit, those of a
-    run that never trained on step 3's batch."""
+    run that never trained on step 3's batch. /folded: the agreement rides on the
+    exchange, which every rank has started before they know (fold_agreement; DGC: its
+    momentum-corrected feedback; SIDCo: its stage count, adapted as it selects)."""
     from repro.testing import run_ranks
 
     skipped = run_ranks(_nonfinite_worker, 3, name, "skip", 3, None, 6)
