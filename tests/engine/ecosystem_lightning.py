@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 import torch
-from test_ecosystem import _data
+from tests.engine.test_ecosystem import _data
 
 
 class Regression(pl.LightningModule):

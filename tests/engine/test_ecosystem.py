@@ -34,7 +34,7 @@ def _data(rank: int):
 @pytest.mark.heavy
 def test_lightning_ddp_strategy_runs_the_hook(tmp_path):
     pl = pytest.importorskip("lightning.pytorch", reason="the lightning extra is not installed")
-    from ecosystem_lightning import Regression, Report
+    from tests.engine.ecosystem_lightning import Regression, Report
     from lightning.pytorch.strategies import DDPStrategy
 
     import repro.hooks

@@ -254,7 +254,7 @@ def test_a_users_torchrun_script_with_a_branch_unused_on_some_steps(tmp_path):
     import sys
 
     here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(here)
+    root = os.path.dirname(os.path.dirname(here))  # the checkout
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     # Its own session, so that everything torchrun started can be ended together.

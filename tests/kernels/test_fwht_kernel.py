@@ -55,7 +55,7 @@ def test_plans_cover_every_stage_once(d, rows):
 @pytest.mark.heavy
 @pytest.mark.skipif(not _has_triton(), reason="needs Triton and its interpreter")
 def test_fwht_kernels_under_the_interpreter():
-    root = str(TESTS.parent)
+    root = str(TESTS.parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, str(TESTS / "interpreted_fwht_checks.py")],

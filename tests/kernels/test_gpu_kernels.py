@@ -45,7 +45,7 @@ def test_triton_kernels_under_the_interpreter():
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
          str(TESTS / "interpreted_gpu_checks.py")],
-        cwd=TESTS.parent, env=env, capture_output=True, text=True, timeout=600)
+        cwd=TESTS.parents[1], env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
 

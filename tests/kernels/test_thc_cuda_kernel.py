@@ -35,7 +35,7 @@ def _has_triton() -> bool:
 @pytest.mark.heavy
 @pytest.mark.skipif(not _has_triton(), reason="needs Triton and its interpreter")
 def test_thc_kernels_under_the_interpreter():
-    root = str(TESTS.parent)
+    root = str(TESTS.parents[1])
     path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "TRITON_INTERPRET": "1", "GRADCOMP_NATIVE": "0", "PYTHONPATH": path}
     done = subprocess.run([sys.executable, str(TESTS / "interpreted_thc_cuda_checks.py")],
