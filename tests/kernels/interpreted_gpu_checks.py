@@ -401,14 +401,7 @@ def test_sidco_device_stages_flag_what_the_host_path_decides(monkeypatch, name):
         _device(s, bad, stage_count, ctx(check_finite=True), 60)
     assert _device(s, bad, stage_count, ctx(), 60) is None  # left to the reference path
     # what the device path does not decide goes to the host path, with its result
-    redone = []
-    real = sidco_pipeline.select_host
-
-    def host(*args, **kwargs):
-        redone.append(args[0])
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(sidco_pipeline, "select_host", host)
+    redone = _spy_host(monkeypatch)
     constant = torch.full((60_001,), 0.5)  # GP: a point mass; E: nothing above stage 1
     constant[::3] = -0.5
     got = _device(s, constant, stage_count, ctx(), 60)
