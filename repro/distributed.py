@@ -22,6 +22,7 @@ stopped answering (RankStopped), where gloo's own error says only that a peer cl
 connection, or that the collective timed out.
 """
 
+import atexit
 import contextlib
 import datetime
 import os
@@ -145,7 +146,13 @@ def run(gen: Generator[Any, Any, Any], group=None) -> Any:
 
 
 class CommThread:
-    """One daemon thread that runs protocol jobs in submission order."""
+    """One daemon thread that runs protocol jobs in submission order.
+
+    It is ended before the interpreter finalises (`close`, registered with atexit): a
+    job's Future callbacks (the hook's `.then`) run on this thread inside torch's C++
+    frames, and a daemon thread that is still in them when finalisation starts is
+    unwound by force and aborts the whole process ("terminate called without an active
+    exception") after the script itself has finished."""
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -154,7 +161,10 @@ class CommThread:
 
     def _loop(self) -> None:
         while True:
-            gen, group, fut = self._jobs.get()
+            job = self._jobs.get()
+            if job is None:
+                return
+            gen, group, fut = job
             try:
                 value = run(gen, group)
             except BaseException as exc:  # noqa: BLE001 - surface it through the future
@@ -167,9 +177,19 @@ class CommThread:
         self._jobs.put((gen, group, fut))
         return fut
 
+    def close(self, timeout: float) -> bool:
+        """Let the jobs already queued finish and the thread return; False if it is still
+        running after `timeout` seconds (a collective that hangs: the process is going
+        down anyway, and a thread blocked in a collective does not touch Python)."""
+        self._jobs.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
 
 _comm_thread: CommThread | None = None
 _lock = threading.Lock()
+CLOSE_TIMEOUT_S = 10.0
+_closed_at_exit: list[bool] = []  # close_comm_thread is registered with atexit once
 
 
 def run_async(gen: Generator[Any, Any, Any], group=None) -> torch.futures.Future:
@@ -177,8 +197,22 @@ def run_async(gen: Generator[Any, Any, Any], group=None) -> torch.futures.Future
     global _comm_thread
     with _lock:
         if _comm_thread is None:
+            if not _closed_at_exit:
+                atexit.register(close_comm_thread)
+                _closed_at_exit.append(True)
             _comm_thread = CommThread()
     return _comm_thread.submit(gen, group)
+
+
+def close_comm_thread(timeout: float = CLOSE_TIMEOUT_S) -> bool:
+    """End the communication thread (a later run_async starts a new one); True if it
+    ended, or there was none."""
+    global _comm_thread
+    with _lock:
+        thread, _comm_thread = _comm_thread, None
+    if thread is None:
+        return True
+    return thread.close(timeout)
 
 
 class RankStopped(RuntimeError):

@@ -240,6 +240,40 @@ def test_the_hook_keeps_its_contract_under_each_ddp_option(option):
                          f"tolerance {tolerance:g}): {bad}")
 
 
+EXIT_DURING_CALLBACK = """
+import time
+from repro.distributed import run_async
+
+def job():
+    return 1
+    yield
+
+def slow(fut):
+    time.sleep(0.5)
+    return fut.value()
+
+run_async(job()).then(slow)
+time.sleep(0.1)  # the script ends while the communication thread is in the callback
+"""
+
+
+def test_a_script_that_ends_while_the_hook_completes_exits_cleanly():
+    """A user's script may end right after its last backward, while the communication
+    thread is still inside a Future callback (torch's C++ frames). Finalising the
+    interpreter under it aborted the process (SIGABRT, "terminate called without an
+    active exception") after the script had finished; the thread is ended at exit."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "PYTHONPATH": root}
+    done = subprocess.run([sys.executable, "-c", EXIT_DURING_CALLBACK], check=False, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr
+
+
 def test_a_users_torchrun_script_with_a_branch_unused_on_some_steps(tmp_path):
     """tests/engine/ddp_user_script.py under torchrun on 3 ranks: DDP with
     find_unused_parameters=True and a branch unused on some steps (by every rank on some,
