@@ -38,7 +38,7 @@ from compressors.requests import AllGather, AllReduce, Broadcast
 from compressors.session import Session
 from compressors.simulated import SimulatedGroup, drive
 
-_INFRASTRUCTURE = {"base", "feedback", "integer_sum", "kernels", "multiplex", "registry", "requests",
+_INFRASTRUCTURE = {"base", "batched", "feedback", "integer_sum", "kernels", "multiplex", "registry", "requests",
                    "session", "simulated"}
 _loaded = False
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -103,6 +103,19 @@ def overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     a0, b0 = a.data_ptr(), b.data_ptr()
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
+class Prepared(NamedTuple):
+    """What Session.prepare returns: the flat gradient, the tensor to compress (acc),
+    the compressor's Context, the staged feedback (a speculation's, else None), whether
+    this call created the tensor's state, and perf_counter() when compensation began."""
+
+    flat: torch.Tensor
+    acc: torch.Tensor
+    ctx: Context
+    staged: dict | None
+    created: bool
+    started: float
 
 
 class Speculation:
@@ -206,48 +219,10 @@ class Session:
         # the compressor runs (no error feedback) and the compressor finds non-finite
         # values in its own first read of acc, that read does it (ctx.check_finite);
         # otherwise validate_gradient does it here, before anything is written.
-        check = self.check_finite and not finite_checked
-        flat = None
-        folded = False
-        if (check and self.feedback.passes_through and isinstance(grad, torch.Tensor)
-                and grad.dtype in FLOAT_DTYPES and grad.numel() > 0):
-            flat = grad.reshape(-1)
-            folded = self.compressor.folds_finite_check(flat)
-        validate_gradient(name, grad, check and not folded)
-        if flat is None:
-            flat = grad.reshape(-1)
-        out_flat = None if out is None else aggregate_destination(name, out, flat)
-        if layout is None:
-            layout = (Segment(name, 0, flat.numel(), tuple(grad.shape)),)
-        elif sum(s.numel for s in layout) != flat.numel():
-            raise ValueError(
-                f"layout of {name!r} covers {sum(s.numel for s in layout)} elements but the "
-                f"gradient has {flat.numel()}"
-            )
-        created = name not in self.states
-        st = self.state(name)
-        t0 = time.perf_counter()
-        staged = None
-        if speculation is None:
-            acc = self.feedback.compensate(flat, st["feedback"])
-        else:
-            acc, staged = self._speculate(name, flat, st, created, speculation)
-        ctx = Context(
-            rank=self.rank,
-            world_size=self.world_size,
-            step=step,
-            name=name,
-            state=st["compressor"],
-            workspaces=self.workspaces.setdefault(name, {}),
-            generator=self.generator(flat.device),
-            shared_seed=self.shared_seed(name, step),
-            layout=layout,
-            acc_writable=writable and acc is flat and flat.data_ptr() == grad.data_ptr(),
-            measure=self.measure,
-            check_finite=folded,
-            out=out_flat,
-            out_is_acc=out_flat is not None and overlaps(out_flat, acc),
-        )
+        _, acc, ctx, staged, created, t0 = self.prepare(
+            name, grad, step, layout=layout, writable=writable,
+            finite_checked=finite_checked, out=out, speculation=speculation)
+        folded = ctx.check_finite
         # The compressor may draw from the worker's stream before its first full read:
         # on a NaN/Inf the stream is put back, so a skipped step changes nothing.
         rng_state = ctx.generator.get_state() if folded else None
@@ -284,9 +259,7 @@ class Session:
                 f"{type(self.compressor).__name__}.protocol returned {type(outcome).__name__}, "
                 "expected Outcome"
             )
-        if staged:
-            self._commit(name, st["feedback"], staged)
-        self.feedback.update(acc, outcome.sent, st["feedback"])
+        self.conclude(name, acc, outcome.sent, staged)
         segments.append(time.perf_counter() - t0)
         outcome.bytes_sent = nbytes
         outcome.collectives = tuple(collectives)
@@ -294,6 +267,74 @@ class Session:
         outcome.encode_s = sum(segments[:-1])
         outcome.decode_s = segments[-1]
         return outcome
+
+    def prepare(
+        self,
+        name: str,
+        grad: torch.Tensor,
+        step: int,
+        layout: tuple[Segment, ...] | None = None,
+        writable: bool = False,
+        finite_checked: bool = False,
+        out: torch.Tensor | None = None,
+        speculation: Speculation | None = None,
+    ) -> Prepared:
+        """Everything of `exchange` before the compressor runs (its arguments are
+        exchange's): the gradient checked, error feedback applied (or staged), and the
+        compressor's Context; batched drivers (compressors.batched) run the compressor
+        between prepare and conclude themselves, with the same arithmetic."""
+        check = self.check_finite and not finite_checked
+        flat = None
+        folded = False
+        if (check and self.feedback.passes_through and isinstance(grad, torch.Tensor)
+                and grad.dtype in FLOAT_DTYPES and grad.numel() > 0):
+            flat = grad.reshape(-1)
+            folded = self.compressor.folds_finite_check(flat)
+        validate_gradient(name, grad, check and not folded)
+        if flat is None:
+            flat = grad.reshape(-1)
+        out_flat = None if out is None else aggregate_destination(name, out, flat)
+        if layout is None:
+            layout = (Segment(name, 0, flat.numel(), tuple(grad.shape)),)
+        elif sum(s.numel for s in layout) != flat.numel():
+            raise ValueError(
+                f"layout of {name!r} covers {sum(s.numel for s in layout)} elements but the "
+                f"gradient has {flat.numel()}"
+            )
+        created = name not in self.states
+        st = self.state(name)
+        started = time.perf_counter()
+        staged = None
+        if speculation is None:
+            acc = self.feedback.compensate(flat, st["feedback"])
+        else:
+            acc, staged = self._speculate(name, flat, st, created, speculation)
+        ctx = Context(
+            rank=self.rank,
+            world_size=self.world_size,
+            step=step,
+            name=name,
+            state=st["compressor"],
+            workspaces=self.workspaces.setdefault(name, {}),
+            generator=self.generator(flat.device),
+            shared_seed=self.shared_seed(name, step),
+            layout=layout,
+            acc_writable=writable and acc is flat and flat.data_ptr() == grad.data_ptr(),
+            measure=self.measure,
+            check_finite=folded,
+            out=out_flat,
+            out_is_acc=out_flat is not None and overlaps(out_flat, acc),
+        )
+        return Prepared(flat, acc, ctx, staged, created, started)
+
+    def conclude(self, name: str, acc: torch.Tensor, sent: Any,
+                 staged: dict | None) -> None:
+        """Everything of `exchange` after the compressor's protocol: the staged feedback
+        committed, and the feedback updated with what this worker sent."""
+        st = self.state(name)
+        if staged:
+            self._commit(name, st["feedback"], staged)
+        self.feedback.update(acc, sent, st["feedback"])
 
     def _speculate(self, name: str, flat: torch.Tensor, st: dict, created: bool,
                    speculation: Speculation):

@@ -50,6 +50,10 @@ class CompressorConfig:
     min_numel: int = 0
     # DRAGONN Eq. 1 efficiency-aware selection with the cluster's network parameters.
     efficiency_aware: bool = False
+    # At "layer" granularity, a sparsifier's per-tensor exchanges of a bucket (or of the
+    # simulated worker's step) run as one: each tensor selected alone, the same results
+    # bit for bit, one payload and one decode; false: one exchange per tensor.
+    batch: bool = True
 
 
 def _open_mapping() -> DictConfig:

@@ -125,7 +125,7 @@ class Trainer(ABC):
         return {"feedback": feedback, "seed": cfg.seed, "selector": self.selector(),
                 "min_numel": cfg.compressor.min_numel, "measure": True,
                 "granularity": plan.granularity, "local_clip": plan.local_clip,
-                "nonfinite": cfg.nonfinite}
+                "nonfinite": cfg.nonfinite, "batch": cfg.compressor.batch}
 
     def selector(self) -> EfficiencySelector | None:
         """DRAGONN's efficiency-aware selection (Eq. 1), decided once for every worker: its

@@ -8,6 +8,9 @@ models (ABAB...) so all see the same machine load; the report is the median step
 of each and its ratio to the built-in one (for `none`, the goal is ≤ 1.05). The model is
 a registered task's (--task) or a torchvision model on random images (--model).
 
+--unbatched adds, for each sparsifier the hook batches (compressors.batched), an arm
+with batch=False: one exchange per tensor, the same results bit for bit.
+
 --counts adds, per compressor, what one step of the hook costs beyond its arithmetic,
 from a few further (untimed) steps: collectives issued, host reads of tensor values
 (.item(), .tolist(), bool() and the like: device-to-host round trips on a GPU), jobs
@@ -16,6 +19,8 @@ spends outside collectives. A measurement, not a test: it prints numbers.
 """
 
 from __future__ import annotations
+
+UNBATCHED = "unbatched"  # the arm of a compressor run with batch=False (--unbatched)
 
 
 def add_parser(sub) -> None:
@@ -50,6 +55,10 @@ def add_parser(sub) -> None:
     p.add_argument("--counts", action="store_true",
                    help="also count collectives, host reads and thread hops per step")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank (default: %(default)s)")
+    p.add_argument("--unbatched", action="store_true",
+                   help="also run each sparsifier whose per-tensor exchanges the hook batches "
+                   "with batch=False (one exchange per tensor), as an arm of its own named "
+                   f"<name>/{UNBATCHED}, alternated with the others")
     p.set_defaults(func=run)
 
 
@@ -196,10 +205,12 @@ def _bench_rank(rank: int, world: int, source: tuple, names: list[str], ratio: f
         model = copy.deepcopy(base)  # every arm starts from the same weights
         ddp = DDP(model)
         if arm != "builtin":
+            name, _, variant = arm.partition("/")
             params = {}
-            if ratio is not None and "ratio" in compressors.default_params(arm):
+            if ratio is not None and "ratio" in compressors.default_params(name):
                 params["ratio"] = ratio
-            state, hook = repro.hooks.make(arm, model=ddp, granularity=granularity, **params)
+            state, hook = repro.hooks.make(name, model=ddp, granularity=granularity,
+                                           batch=variant != UNBATCHED, **params)
             ddp.register_comm_hook(state, hook if counts is None else counts.wrap(hook))
         arms[arm] = (ddp, task.make_optimizer(model.parameters()))
     batches = task.train_batches(rank, world, 0)
@@ -251,6 +262,11 @@ def run(args) -> int:
     if not names or unknown:
         raise ValueError(f"--compressors {args.compressors!r}: unknown {', '.join(unknown)}; "
                          f"registered: {', '.join(registered)}")
+    if args.unbatched:
+        from compressors.batched import batches
+
+        names += [f"{n}/{UNBATCHED}" for n in names
+                  if batches(compressors.build(n), compressors.make_feedback("none"))]
     if args.model:
         _TorchvisionTask(args.model, args.batch, args.image)  # a bad name fails here
         source, what = ("torchvision", args.model, args.batch, args.image), (

@@ -139,7 +139,7 @@ def test_hook_options_as_one_object_or_as_keywords():
                   lambda: repro.hooks.CompressionHookState(compressors.build("topk"),
                                                            min_numl=64)):
         with pytest.raises(TypeError, match=r"unknown compression option\(s\) (nonfinit|min_numl): "
-                                            r"the options are feedback, granularity, .*selector"):
+                                            r"the options are batch, feedback, granularity, .*selector"):
             build()
     with pytest.raises(ValueError, match="local_clip=-1.0 must be a positive number"):
         CompressionOptions(local_clip=-1.0)
