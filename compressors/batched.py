@@ -106,7 +106,7 @@ def sparse_batch(sessions: Sequence[Session], names: Sequence[str],
 
     t0 = time.perf_counter()
     # Every rank's counts: one small read for the batch.
-    table = torch.stack([g[-count:] for g in gathered]).to(torch.int64).cpu()
+    table = torch.stack([g[-count:] for g in gathered]).tolist()
     region = _end_to_end([o for o in outs]) if all(o is not None for o in outs) else None
     dtype = prepared[0].acc.dtype
     if region is None:
@@ -114,11 +114,11 @@ def sparse_batch(sessions: Sequence[Session], names: Sequence[str],
     sparse_mean([g[:-count] for g in gathered], all_values, total, len(gathered), dtype,
                 out=region)
     aggregates = region.split(numels)
-    longest = table.max(0).values.tolist()
+    longest = [max(column) for column in zip(*table)]
     value_size = values.element_size()
     measure = prepared[0].ctx.measure
     if measure:  # (each tensor's distinct coordinates over the ranks)
-        per_rank = [g[:-count].split(row) for g, row in zip(gathered, table.tolist())]
+        per_rank = [g[:-count].split(row) for g, row in zip(gathered, table)]
     outcomes = []
     for j, (sess, name, p, chosen) in enumerate(zip(sessions, names, prepared, selections)):
         sent = SparseSent(local[j], chosen.values)

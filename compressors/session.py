@@ -24,10 +24,14 @@ from compressors.requests import as_round, kind_of, sent_bytes, wire_bytes
 _MASK64 = (1 << 63) - 1
 
 
-def mix_seed(*parts: int | str) -> int:
+_SEED_START = 0x9E3779B97F4A7C15
+
+
+def mix_seed(*parts: int | str, start: int = _SEED_START) -> int:
     """A deterministic 63-bit seed from ints and strings (same in every process,
-    unlike hash())."""
-    h = 0x9E3779B97F4A7C15
+    unlike hash()). `start`: a mix_seed of leading parts, which these continue
+    (mix_seed(a, b) == mix_seed(b, start=mix_seed(a)))."""
+    h = start
     for p in parts:
         v = zlib.crc32(p.encode()) if isinstance(p, str) else int(p)
         h ^= (v + 0x9E3779B97F4A7C15 + ((h << 6) & _MASK64) + (h >> 2)) & _MASK64
@@ -167,6 +171,7 @@ class Session:
         self.measure = measure
         self.states: dict[str, dict[str, Any]] = {}
         self._generators: dict[str, torch.Generator] = {}
+        self._shared_prefix: dict[str, int] = {}
         # The workspaces protocols keep per tensor between steps (Context.workspace): not
         # state, so never checkpointed; clear() gives them back.
         self.workspaces: dict[str, dict[str, torch.Tensor]] = {}
@@ -182,8 +187,12 @@ class Session:
         return g
 
     def shared_seed(self, name: str, step: int) -> int:
-        """Identical on every rank for (tensor, step): shared random indices, RHT signs."""
-        return mix_seed(self.seed, "shared", name, step)
+        """Identical on every rank for (tensor, step): shared random indices, RHT signs.
+        mix_seed(seed, "shared", name, step), its part before the step kept per name."""
+        prefix = self._shared_prefix.get(name)
+        if prefix is None:
+            prefix = self._shared_prefix[name] = mix_seed(self.seed, "shared", name)
+        return mix_seed(step, start=prefix)
 
     def state(self, name: str) -> dict[str, Any]:
         return self.states.setdefault(name, {"compressor": {}, "feedback": {}})

@@ -239,12 +239,17 @@ def sample_abs(x: torch.Tensor, s: int, generator: torch.Generator) -> torch.Ten
     return reference.sample_abs(x, s, seed)
 
 
+# Below this many elements a fresh |x| comes from the allocator's free lists (no page
+# faults), sooner than through the workspace's bookkeeping.
+SMALL_ABS = 1 << 16
+
+
 def abs_into_workspace(x: torch.Tensor) -> torch.Tensor:
-    """|x| in x's shape: on the CPU written into this thread's magnitude workspace (what
-    torch.topk reads; a fresh |x| costs a page fault per 4 KiB of a large tensor), a view
-    valid until the thread's next call; elsewhere a new |x| (their caching allocators
-    reuse memory already)."""
-    if x.device.type != "cpu":
+    """|x| in x's shape: on the CPU, for x of SMALL_ABS elements or more, written into this
+    thread's magnitude workspace (what torch.topk reads; a fresh |x| costs a page fault
+    per 4 KiB of a large tensor), a view valid until the thread's next call; else a new
+    |x| (caching allocators reuse memory already)."""
+    if x.device.type != "cpu" or x.numel() < SMALL_ABS:
         return x.abs()
     return cpu.abs_into_workspace(x)
 

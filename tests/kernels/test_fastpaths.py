@@ -349,22 +349,27 @@ def test_missing_compiler_falls_back_with_one_warning(monkeypatch, tmp_path):
 
 
 def test_abs_into_workspace_reuses_one_buffer_per_dtype():
-    """torch.topk's |acc| (Top-k, CLT-k, DEFT) is written into a workspace kept between
-    calls: the same values as x.abs(), in x's shape, the same memory call after call
-    (grown for a larger tensor), one workspace per dtype, given back by
-    release_workspaces."""
+    """torch.topk's |acc| (Top-k, CLT-k, DEFT) of a tensor of SMALL_ABS elements or more
+    is written into a workspace kept between calls: the same values as x.abs(), in x's
+    shape, the same memory call after call (grown for a larger tensor), one workspace per
+    dtype, given back by release_workspaces. A smaller tensor gets a fresh |x|."""
     ops.release_workspaces()
-    x = _laplace(1000, torch.float32, seed=1).view(10, 100)
+    n = ops.SMALL_ABS
+    x = _laplace(n + 1024, torch.float32, seed=1).view(64, -1)
     first = ops.abs_into_workspace(x)
     assert first.shape == x.shape and torch.equal(first, x.abs())
-    y = _laplace(700, torch.float32, seed=2)
+    y = _laplace(n + 700, torch.float32, seed=2)
     again = ops.abs_into_workspace(y)
     assert again.data_ptr() == first.data_ptr() and torch.equal(again, y.abs())
     wide = ops.abs_into_workspace(y.double())
     assert wide.dtype == torch.float64 and torch.equal(wide, y.double().abs())
     assert ops.abs_into_workspace(y).data_ptr() == first.data_ptr()  # float32's kept
-    big = ops.abs_into_workspace(_laplace(5000, torch.float32, seed=3))
-    assert big.numel() == 5000 and torch.equal(big, _laplace(5000, torch.float32, seed=3).abs())
+    big = ops.abs_into_workspace(_laplace(2 * n, torch.float32, seed=3))
+    assert big.numel() == 2 * n and torch.equal(big, _laplace(2 * n, torch.float32, seed=3).abs())
+    small = _laplace(700, torch.float32, seed=4)
+    fresh = ops.abs_into_workspace(small)
+    assert torch.equal(fresh, small.abs())
+    assert fresh.data_ptr() != ops.abs_into_workspace(y).data_ptr()
     ops.release_workspaces()
     half = torch.tensor([-1.5, 2.0, -0.0], dtype=torch.float16)
     assert torch.equal(ops.abs_into_workspace(half), half.abs())
