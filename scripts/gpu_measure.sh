@@ -8,7 +8,9 @@
 #   sizes     the same from 2^10 to 2^27 elements (sizes.json): the GPU compression times
 #             that projections onto the papers' GPU clusters read (repro/gpubench.py)
 #   step      a training step through the DDP hook on one GPU (scripts/gpu_step.py):
-#             uncompressed vs sidco_e, dragonn, thc
+#             VGG-16 (batch 32) and ResNet-50 (batch 64), uncompressed, PyTorch's fp16 and
+#             PowerSGD hooks, topk, dgc, dragonn, thc, sidco_e (and at bucket granularity),
+#             δ = 0.001: model-step.json
 #   fwht      the Walsh–Hadamard transform of 2^27 floats: Triton kernel vs torch ops
 #   replicas  4 ranks sharing the GPU train through the hook; replicas bit-identical
 #             (scripts/gpu_check.sh)
@@ -100,7 +102,12 @@ for s in "${stages[@]}"; do
                 REPEATS=${REPEATS:-5} bench sizes "$root" "$out/sizes.json"
             ;;
         step)
-            step step 90 env PYTHONPATH="$root" "$py" scripts/gpu_step.py --json "$out/step.json"
+            step step 240 bash -c 'root=$0 py=$1 out=$2
+                for spec in "vgg16 32" "resnet50 64"; do
+                    set -- $spec
+                    env PYTHONPATH="$root" "$py" scripts/gpu_step.py --model "$1" \
+                        --batch "$2" --json "$out/model-step.json" || exit
+                done' "$root" "$py" "$out"
             ;;
         fwht)
             step fwht 40 env PYTHONPATH="$root" "$py" -m compressors.kernels.cuda_fwht --json "$out/fwht.json"
