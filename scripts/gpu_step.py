@@ -38,7 +38,6 @@ import repro.hooks
 from repro.bench import parse_size
 from repro.replicacheck import hook_params, mlp
 
-
 TORCH_HOOKS = ("torch_fp16", "torch_powersgd")
 
 
