@@ -76,7 +76,9 @@ def sparse_batch(sessions: Sequence[Session], names: Sequence[str],
     finite_checked=True, out=out, speculation=speculation) would return it. Each
     Outcome's collectives are the two allgathers its own exchange would have made at the
     sizes it would have made them (what the records and the cost model read); the batch
-    issues one round of two for all of them."""
+    issues one round of two for all of them. encode_s is the tensor's own preparation and
+    selection plus an equal share of packing the payload, decode_s an equal share of the
+    batch's decode and feedback updates."""
     count = len(grads)
     outs = list(outs) if outs is not None else [None] * count
     compressor = sessions[0].compressor
