@@ -156,6 +156,7 @@ class CommThread:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._in_job = threading.Event()  # set while a job's collectives run
         self._thread = threading.Thread(target=self._loop, name="gradcomp-comm", daemon=True)
         self._thread.start()
 
@@ -165,11 +166,14 @@ class CommThread:
             if job is None:
                 return
             gen, group, fut = job
+            self._in_job.set()
             try:
                 value = run(gen, group)
             except BaseException as exc:  # noqa: BLE001 - surface it through the future
+                self._in_job.clear()
                 fut.set_exception(exc)
             else:
+                self._in_job.clear()
                 fut.set_result(value)
 
     def submit(self, gen: Generator[Any, Any, Any], group=None) -> torch.futures.Future:
@@ -178,11 +182,12 @@ class CommThread:
         return fut
 
     def close(self, timeout: float) -> bool:
-        """Let the jobs already queued finish and the thread return; False if it is still
-        running after `timeout` seconds (a collective that hangs: the process is going
-        down anyway, and a thread blocked in a collective does not touch Python)."""
+        """Let the thread finish what it is doing and return, waiting at most `timeout`
+        seconds; False if it is still running then. A thread inside a job's collectives
+        is not waited for (a process ending there is failing: a peer is gone or hangs, and
+        waiting would only delay the exit), only one completing a job's Future."""
         self._jobs.put(None)
-        self._thread.join(timeout)
+        self._thread.join(0.0 if self._in_job.is_set() else timeout)
         return not self._thread.is_alive()
 
 

@@ -274,6 +274,32 @@ def test_a_script_that_ends_while_the_hook_completes_exits_cleanly():
     assert "terminate called" not in done.stderr
 
 
+def test_the_communication_thread_is_not_waited_for_inside_a_collective():
+    """At exit the thread is waited for while it completes a Future, not while a job's
+    collectives run: a process ending then is failing (a peer is gone or hangs), and
+    waiting would only hold up its exit. The job still finishes if it can."""
+    import threading
+    import time
+
+    from repro.distributed import close_comm_thread, run_async
+
+    started, gate = threading.Event(), threading.Event()
+
+    def job():
+        started.set()
+        gate.wait(60)  # stands for a collective that does not return
+        return 1
+        yield
+
+    fut = run_async(job())
+    assert started.wait(30)
+    t0 = time.monotonic()
+    assert close_comm_thread(timeout=60) is False
+    assert time.monotonic() - t0 < 30
+    gate.set()
+    assert fut.wait() == 1
+
+
 def test_a_users_torchrun_script_with_a_branch_unused_on_some_steps(tmp_path):
     """tests/engine/ddp_user_script.py under torchrun on 3 ranks: DDP with
     find_unused_parameters=True and a branch unused on some steps (by every rank on some,
