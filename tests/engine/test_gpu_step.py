@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.distributed
+# (heavy: a check of a script a GPU session runs, beside the hook's own tests)
+pytestmark = [pytest.mark.distributed, pytest.mark.heavy]
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN = """
