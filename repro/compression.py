@@ -4,8 +4,10 @@ n in one process, so both take the same decisions.
 
 What one exchange covers (CompressionOptions.granularity, by default the setting of the
 compressor's paper, Compressor.default_granularity):
-- "layer": each parameter's gradient alone; the per-parameter collectives of a batch of
-  tensors (a DDP bucket) are merged into a few (compressors.multiplex).
+- "layer": each parameter's gradient alone; a sparsifier's exchanges of a batch of
+  tensors (a DDP bucket) run as one, each tensor still selected alone
+  (compressors.batched, CompressionOptions.batch), the other compressors' collectives
+  are merged into a few (compressors.multiplex).
 - "bucket": a flat tensor (a DDP bucket) as one exchange with its parameters' layout.
 - "model": the worker's whole gradient as one tensor with every parameter's layout
   (DEFT's norm-based allocation of k across all layers, CLT-k's leader top-k over the
