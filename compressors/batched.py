@@ -41,13 +41,11 @@ from compressors.session import Session, Speculation
 # This module is infrastructure, not an algorithm: the package loader skips it.
 
 
-def batches(compressor: Any, feedback: Any) -> bool:
+def batches(compressor: Any) -> bool:
     """Whether `compressor`'s per-tensor exchanges can run as one sparse_batch: a
-    Sparsifier with the stock protocol (select, then a sparse allgather), whose error
-    feedback is updated from what it sent (every ErrorFeedback of the suite is)."""
+    Sparsifier with the stock protocol (select, then a sparse allgather)."""
     return (isinstance(compressor, Sparsifier)
-            and type(compressor).protocol is Sparsifier.protocol
-            and feedback is not None)
+            and type(compressor).protocol is Sparsifier.protocol)
 
 
 def _end_to_end(outs: Sequence[torch.Tensor]) -> torch.Tensor | None:
@@ -82,12 +80,12 @@ def sparse_batch(sessions: Sequence[Session], names: Sequence[str],
     count = len(grads)
     outs = list(outs) if outs is not None else [None] * count
     compressor = sessions[0].compressor
-    prepared, selections, encode = [], [], []
+    prepared, targets, selections, encode = [], [], [], []
     for sess, name, grad, out in zip(sessions, names, grads, outs):
         p = sess.prepare(name, grad, step, finite_checked=True, out=out,
                          speculation=speculation)
-        chosen = compressor.select(p.acc, compressor.target(p.flat.numel()), p.ctx)
-        selections.append(chosen)
+        targets.append(compressor.target(p.flat.numel()))
+        selections.append(compressor.select(p.acc, targets[-1], p.ctx))
         prepared.append(p)
         encode.append(time.perf_counter() - p.started)
     t0 = time.perf_counter()
@@ -109,7 +107,7 @@ def sparse_batch(sessions: Sequence[Session], names: Sequence[str],
     t0 = time.perf_counter()
     # Every rank's counts: one small read for the batch.
     table = torch.stack([g[-count:] for g in gathered]).tolist()
-    region = _end_to_end([o for o in outs]) if all(o is not None for o in outs) else None
+    region = _end_to_end(outs) if all(o is not None for o in outs) else None
     dtype = prepared[0].acc.dtype
     if region is None:
         region = torch.empty(total, dtype=dtype, device=device)
@@ -128,7 +126,7 @@ def sparse_batch(sessions: Sequence[Session], names: Sequence[str],
         index_bytes = longest[j] * local[j].element_size()
         outcomes.append(Outcome(
             aggregate=aggregates[j], sent=sent, selected=local[j].numel(),
-            target=compressor.target(numels[j]),
+            target=targets[j],
             union=union_size([parts[j] for parts in per_rank]) if measure else None,
             extra=dict(chosen.extra), bytes_sent=index_bytes + longest[j] * value_size,
             collectives=(("allgather", index_bytes), ("allgather", longest[j] * value_size)),

@@ -224,10 +224,6 @@ class Session:
         memory: protocols write it only after their last read of it (Context.out), and
         a dense allreduce (`none`) then reduces it in place. `speculation`: the caller may
         still call the exchange off after its first collective (Speculation)."""
-        # The NaN/Inf check is one read of the gradient. Where nothing is written before
-        # the compressor runs (no error feedback) and the compressor finds non-finite
-        # values in its own first read of acc, that read does it (ctx.check_finite);
-        # otherwise validate_gradient does it here, before anything is written.
         _, acc, ctx, staged, created, t0 = self.prepare(
             name, grad, step, layout=layout, writable=writable,
             finite_checked=finite_checked, out=out, speculation=speculation)
@@ -292,6 +288,10 @@ class Session:
         exchange's): the gradient checked, error feedback applied (or staged), and the
         compressor's Context; batched drivers (compressors.batched) run the compressor
         between prepare and conclude themselves, with the same arithmetic."""
+        # The NaN/Inf check is one read of the gradient. Where nothing is written before
+        # the compressor runs (no error feedback) and the compressor finds non-finite
+        # values in its own first read of acc, that read does it (ctx.check_finite);
+        # otherwise validate_gradient does it here, before anything is written.
         check = self.check_finite and not finite_checked
         flat = None
         folded = False

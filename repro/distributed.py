@@ -194,17 +194,17 @@ class CommThread:
 _comm_thread: CommThread | None = None
 _lock = threading.Lock()
 CLOSE_TIMEOUT_S = 10.0
-_closed_at_exit: list[bool] = []  # close_comm_thread is registered with atexit once
+_closed_at_exit = False  # whether close_comm_thread is registered with atexit
 
 
 def run_async(gen: Generator[Any, Any, Any], group=None) -> torch.futures.Future:
     """Queue a protocol generator on the communication thread; a Future of its result."""
-    global _comm_thread
+    global _comm_thread, _closed_at_exit
     with _lock:
         if _comm_thread is None:
             if not _closed_at_exit:
                 atexit.register(close_comm_thread)
-                _closed_at_exit.append(True)
+                _closed_at_exit = True
             _comm_thread = CommThread()
     return _comm_thread.submit(gen, group)
 

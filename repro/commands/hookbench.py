@@ -265,8 +265,7 @@ def run(args) -> int:
     if args.unbatched:
         from compressors.batched import batches
 
-        names += [f"{n}/{UNBATCHED}" for n in names
-                  if batches(compressors.build(n), compressors.make_feedback("none"))]
+        names += [f"{n}/{UNBATCHED}" for n in names if batches(compressors.build(n))]
     if args.model:
         _TorchvisionTask(args.model, args.batch, args.image)  # a bad name fails here
         source, what = ("torchvision", args.model, args.batch, args.image), (

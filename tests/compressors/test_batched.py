@@ -27,7 +27,7 @@ def _batched_names() -> list[str]:
     out = []
     for name in compressors.list_compressors():
         comp = compressors.build(name, **_params(name))
-        if batches(comp, compressors.make_feedback("residual")):
+        if batches(comp):
             out.append(name)
     return out
 
