@@ -625,6 +625,20 @@ def _growing(n: int, steps: int, seed: int = 0) -> list[torch.Tensor]:
             for step in range(steps)]
 
 
+def _speculative_step(fits, acc, stage_count, on_device, on_host, k):
+    """One step on the device and on the host, each with its own state: the device's
+    selection is the reference's and the host path's, at the same threshold; whether the
+    device's first read was speculative (None: no history yet)."""
+    got, threshold, speculated = _device(fits, acc, stage_count, on_device, k)
+    want, host_threshold, _ = _host(fits, acc, stage_count, on_host, k)
+    ref, ref_threshold = fits.select_reference(acc, stage_count)
+    assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
+    assert sidco_pipeline.same_selection(got, want)
+    assert threshold == pytest.approx(host_threshold, rel=1e-12)
+    assert threshold == pytest.approx(ref_threshold, rel=1e-12)
+    return speculated
+
+
 @pytest.mark.parametrize("name", ["sidco_e", "sidco_gp", "sidco_p"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01])
 def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, ratio):
@@ -635,14 +649,7 @@ def test_sidco_device_speculative_read_selects_what_the_host_path_selects(name, 
     k = max(1, int(ratio * n))
     taken = []
     for acc in _growing(n, 5):
-        got, threshold, speculated = _device(s, acc, stage_count, on_device, k)
-        want, host_threshold, _ = _host(s, acc, stage_count, on_host, k)
-        ref, ref_threshold = s.select_reference(acc, stage_count)
-        assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
-        assert sidco_pipeline.same_selection(got, want)
-        assert threshold == pytest.approx(host_threshold, rel=1e-12)
-        assert threshold == pytest.approx(ref_threshold, rel=1e-12)
-        taken.append(speculated)
+        taken.append(_speculative_step(s, acc, stage_count, on_device, on_host, k))
     # no history on the first two steps; the guess held on the others
     assert taken == [None, None, True, True, True]
 
@@ -737,14 +744,7 @@ def test_sidco_device_speculative_read_on_zero_heavy_tensors(name, zeros, ratio,
     taken = []
     for acc in _growing(n, 5, seed=4):
         acc[zero] = 0.0
-        got, threshold, speculated = _device(s, acc, stage_count, on_device, k)
-        want, host_threshold, _ = _host(s, acc, stage_count, on_host, k)
-        ref, ref_threshold = s.select_reference(acc, stage_count)
-        assert torch.equal(got.indices, ref) and torch.equal(got.values, acc[ref])
-        assert sidco_pipeline.same_selection(got, want)
-        assert threshold == pytest.approx(host_threshold, rel=1e-12)
-        assert threshold == pytest.approx(ref_threshold, rel=1e-12)
-        taken.append(speculated)
+        taken.append(_speculative_step(s, acc, stage_count, on_device, on_host, k))
     assert taken == ([None, None, True, True, True] if speculates else [None] * 5)
 
 
